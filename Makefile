@@ -1,0 +1,33 @@
+# Two entry points: `make demo` (the main job) and `make test` (the test suite).
+# Both create .venv on first use, installing the CPU build of torch first so that no
+# CUDA wheels are pulled in, then the package with its test/plot extras.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TORCH_VERSION := 2.13.0
+
+.PHONY: demo test lint format clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==$(TORCH_VERSION)
+	$(PY) -m pip install --quiet -e ".[test,plots]"
+	touch $@
+
+demo: $(VENV)/.installed
+	$(PY) -m streamgp.demo
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+format: $(VENV)/.installed
+	$(VENV)/bin/ruff format src tests benchmarks
+	$(VENV)/bin/ruff check --fix src tests benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

@@ -1,0 +1,180 @@
+r"""Regular grids and sparse cubic interpolation onto them (SKI's ``W``).
+
+Structured kernel interpolation (Wilson & Nickisch, 2015) approximates
+``k(x, x') ~ w(x)^T K_UU w(x')`` where ``U`` is a regular grid and ``w(x)`` holds
+the cubic-convolution weights of ``x`` on its ``4^d`` neighbouring grid points.
+This module builds the grid with :func:`gpytorch.utils.grid.create_grid` and the
+weights with :class:`gpytorch.utils.interpolation.Interpolation`, and wraps the
+result in :class:`InterpolationWeights`, a sparse ``N x m`` matrix that knows the
+products SKI models need without ever forming a dense ``N x m`` array.
+
+The flat grid index puts the first input dimension slowest, matching
+``torch.cartesian_prod`` and ``torch.kron(K_1, ..., K_d)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from gpytorch.utils.grid import create_grid
+from gpytorch.utils.interpolation import Interpolation
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class InterpolationWeights:
+    r"""Sparse interpolation matrix ``W`` with ``k`` non-zeros per row.
+
+    Attributes:
+        indices: ``batch_shape x N x k`` grid indices of the non-zeros.
+        values: ``batch_shape x N x k`` interpolation weights (differentiable
+            with respect to the interpolated inputs).
+        num_grid: ``m``, the number of grid points (columns of ``W``).
+    """
+
+    indices: Tensor
+    values: Tensor
+    num_grid: int
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return self.indices.shape[:-2]
+
+    @property
+    def num_rows(self) -> int:
+        return self.indices.shape[-2]
+
+    def matmul(self, rhs: Tensor) -> Tensor:
+        r"""``W @ rhs`` for a dense ``m x p`` matrix ``rhs`` shared by all batches.
+
+        Uses a sparse product, so memory is ``O(N p)`` rather than ``O(N k p)``.
+        """
+        k = self.indices.shape[-1]
+        flat_idx = self.indices.reshape(-1, k)
+        rows = torch.arange(flat_idx.shape[0], device=rhs.device).repeat_interleave(k)
+        sparse = torch.sparse_coo_tensor(
+            torch.stack([rows, flat_idx.reshape(-1)]),
+            self.values.reshape(-1).to(rhs.dtype),
+            size=(flat_idx.shape[0], self.num_grid),
+            check_invariants=False,
+        )
+        out = torch.sparse.mm(sparse, rhs)
+        return out.reshape(*self.batch_shape, self.num_rows, rhs.shape[-1])
+
+    def dot(self, vec: Tensor) -> Tensor:
+        r"""``W @ vec`` for a grid vector ``vec`` of shape ``m`` (gather, no matrix)."""
+        return (self.values * vec[self.indices]).sum(-1)
+
+    def t_matvec(self, vec: Tensor) -> Tensor:
+        r"""``W^T vec`` for ``vec`` of shape ``N`` (unbatched weights only)."""
+        out = vec.new_zeros(self.num_grid)
+        return out.index_add_(0, self.indices.reshape(-1), (self.values * vec.unsqueeze(-1)).reshape(-1))
+
+    def weighted_gram(self, weights: Tensor) -> Tensor:
+        r"""``W^T diag(weights) W`` as a dense ``m x m`` matrix (unbatched weights only).
+
+        Costs ``O(N k^2)`` for the scatter plus an ``m x m`` allocation.
+        """
+        k = self.indices.shape[-1]
+        rows = self.indices.unsqueeze(-1).expand(-1, k, k).reshape(-1)
+        cols = self.indices.unsqueeze(-2).expand(-1, k, k).reshape(-1)
+        vals = (self.values.unsqueeze(-1) * self.values.unsqueeze(-2)) * weights.view(-1, 1, 1)
+        out = weights.new_zeros(self.num_grid, self.num_grid)
+        return out.index_put_((rows, cols), vals.reshape(-1), accumulate=True)
+
+    def to_dense(self) -> Tensor:
+        r"""Dense ``batch_shape x N x m`` matrix (for tests and small problems only)."""
+        out = self.values.new_zeros(*self.indices.shape[:-1], self.num_grid)
+        return out.scatter_add(-1, self.indices, self.values)
+
+
+class CubicGridInterpolation:
+    r"""A fixed regular grid over a box and cubic interpolation onto it.
+
+    The grid has ``grid_size[i]`` points in dimension ``i``, spanning the bounds
+    padded by one spacing on each side (gpytorch's ``create_grid``), so every
+    point inside ``bounds`` has all of its ``4^d`` interpolation neighbours on the
+    grid.
+
+    Args:
+        bounds: ``2 x d`` tensor of lower and upper bounds; sets dtype and device.
+        grid_size: Points per dimension (an int for all, or one per dimension);
+            at least 4 each.
+
+    Example:
+        >>> interp = CubicGridInterpolation(torch.tensor([[0.0, 0.0], [1.0, 1.0]]), 20)
+        >>> W = interp.weights(torch.rand(5, 2))
+        >>> W.to_dense().shape
+        torch.Size([5, 400])
+    """
+
+    #: Relative tolerance on the bounds, so that round-off from input transforms
+    #: (e.g. ``Normalize``) does not reject points that are on the boundary.
+    BOUNDS_RTOL = 1e-6
+
+    def __init__(self, bounds: Tensor, grid_size: int | Sequence[int]) -> None:
+        if bounds.ndim != 2 or bounds.shape[0] != 2:
+            raise ValueError(f"grid_bounds must have shape 2 x d, got {tuple(bounds.shape)}.")
+        if not torch.all(bounds[1] > bounds[0]):
+            raise ValueError("grid_bounds: every upper bound must exceed its lower bound.")
+        d = bounds.shape[-1]
+        sizes = [int(grid_size)] * d if isinstance(grid_size, int) else [int(g) for g in grid_size]
+        if len(sizes) != d or min(sizes) < 4:
+            raise ValueError(
+                f"grid_size must be an int or a sequence of {d} ints, each >= 4; got {grid_size}."
+            )
+        self.bounds = bounds
+        self.grid_size = sizes
+        self.grid = create_grid(
+            sizes,
+            [(float(lo), float(hi)) for lo, hi in bounds.t().tolist()],
+            device=bounds.device,
+            dtype=bounds.dtype,
+        )
+        self._interpolation = Interpolation()
+
+    @property
+    def dim(self) -> int:
+        return len(self.grid_size)
+
+    @property
+    def num_grid(self) -> int:
+        return int(torch.tensor(self.grid_size).prod().item())
+
+    def grid_points(self) -> Tensor:
+        r"""All ``m x d`` grid points, first dimension slowest."""
+        if self.dim == 1:
+            return self.grid[0].unsqueeze(-1)
+        return torch.cartesian_prod(*self.grid)
+
+    def check_inside(self, X: Tensor, name: str = "X") -> None:
+        r"""Raise ``ValueError`` naming ``name`` if any row of ``X`` lies outside the bounds."""
+        lo, hi = self.bounds[0], self.bounds[1]
+        tol = self.BOUNDS_RTOL * (hi - lo)
+        outside = (X < lo - tol) | (X > hi + tol)
+        if outside.any():
+            dims = outside.reshape(-1, X.shape[-1]).any(0).nonzero().flatten().tolist()
+            raise ValueError(
+                f"{name} has points outside grid_bounds in dimension(s) {dims} "
+                f"(bounds {self.bounds.tolist()}; observed min {X.reshape(-1, X.shape[-1]).min(0).values.tolist()}, "
+                f"max {X.reshape(-1, X.shape[-1]).max(0).values.tolist()}). Normalize inputs "
+                "into grid_bounds or build the model with wider grid_bounds."
+            )
+
+    def weights(self, X: Tensor) -> InterpolationWeights:
+        r"""Interpolation weights of ``batch_shape x N x d`` points (assumed inside bounds)."""
+        lo, hi = self.bounds[0], self.bounds[1]
+        # Points within BOUNDS_RTOL of the box are clamped onto it; a no-op for
+        # interior points, so gradients there are untouched.
+        X = torch.maximum(torch.minimum(X, hi), lo)
+        flat = X.reshape(-1, X.shape[-1])
+        indices, values = self._interpolation.interpolate(self.grid, flat)
+        k = indices.shape[-1]
+        shape = (*X.shape[:-1], k)
+        return InterpolationWeights(indices.reshape(shape), values.reshape(shape), self.num_grid)
+
+    def to(self, device: torch.device | None = None, dtype: torch.dtype | None = None):
+        r"""Return a copy on another device and/or dtype."""
+        return CubicGridInterpolation(self.bounds.to(device=device, dtype=dtype), self.grid_size)

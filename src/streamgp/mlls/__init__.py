@@ -1,0 +1,5 @@
+"""Marginal likelihoods whose cost does not depend on the number of observations."""
+
+from streamgp.mlls.woodbury import WoodburyMarginalLogLikelihood
+
+__all__ = ["WoodburyMarginalLogLikelihood"]

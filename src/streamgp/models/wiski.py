@@ -1,0 +1,544 @@
+r"""WISKI: Woodbury-inverse structured kernel interpolation, as a BoTorch model.
+
+WISKI (Stanton, Maddox, Delbridge & Wilson, "Kernel Interpolation for Scalable
+Online Gaussian Processes", AISTATS 2021) performs *exact* inference in the SKI
+model ``f(x) = w(x)^T u``, ``u ~ N(0, K_UU)`` on a fixed regular grid ``U``, while
+absorbing new observations in time and memory that do not depend on the number of
+observations ``n``. The model keeps only grid-space sufficient statistics
+(``W^T W``, ``W^T y``, ``y^T y``, ``n``) and factors derived from them
+(:mod:`streamgp.linalg.woodbury`):
+
+- :meth:`WiskiGP.observe` updates the model in place in ``O(m^2 q)``;
+- :meth:`WiskiGP.condition_on_observations` returns a new model that shares the
+  parent's ``m x m`` root and adds a rank-``q`` correction, so BoTorch fantasies
+  (qKG, qNIPV, ...) cost ``O(b m q)`` memory for ``b`` candidate batches;
+- :class:`streamgp.mlls.WoodburyMarginalLogLikelihood` evaluates the exact SKI
+  marginal likelihood from the statistics in ``O(m^3)``, whatever ``n`` is.
+
+Transforms: an ``input_transform`` and an ``outcome_transform`` are fitted once, on
+the data given to the constructor, and then frozen; data added later with
+``observe`` / ``condition_on_observations`` pass through the frozen transforms. The
+grid lives in the transformed input space. With ``Standardize`` this means the
+mean and scale of the first batch are kept for the whole stream (exactly what
+BoTorch's own ``condition_on_observations`` does), so the sufficient statistics
+never need rescaling.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from botorch.models.gpytorch import GPyTorchModel
+from botorch.models.transforms.input import InputTransform
+from botorch.models.transforms.outcome import OutcomeTransform
+from botorch.models.utils.gpytorch_modules import (
+    get_covar_module_with_dim_scaled_prior,
+    get_gaussian_likelihood_with_lognormal_prior,
+)
+from botorch.posteriors.gpytorch import GPyTorchPosterior
+from gpytorch.distributions import MultivariateNormal
+from gpytorch.kernels import Kernel
+from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
+from gpytorch.models import GP
+from torch import Tensor
+
+from streamgp.interpolation.grid import CubicGridInterpolation, InterpolationWeights
+from streamgp.linalg.grid_kernel import grid_kernel_root
+from streamgp.linalg.woodbury import (
+    GridPosterior,
+    LowRankCorrection,
+    factorize,
+    fold_low_rank,
+    update_root,
+)
+from streamgp.utils.validation import check_positive, check_targets, check_tensor
+
+#: Total grid points aimed at by the default ``grid_size`` (per-dimension size is
+#: ``round(DEFAULT_GRID_POINTS ** (1/d))``, between 4 and 256).
+DEFAULT_GRID_POINTS = 1024
+
+
+def default_grid_size(dim: int) -> int:
+    r"""Default points per dimension: about ``DEFAULT_GRID_POINTS`` in total."""
+    return int(min(256, max(4, math.floor(DEFAULT_GRID_POINTS ** (1.0 / dim) + 1e-9))))
+
+
+@contextmanager
+def _eval_mode(module: torch.nn.Module | None):
+    """Temporarily put ``module`` in eval mode (frozen transforms)."""
+    if module is None:
+        yield
+        return
+    was_training = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(was_training)
+
+
+def _invalidate_after_load(module: WiskiGP, incompatible_keys: Any) -> None:
+    module._invalidate()
+
+
+class WiskiGP(GPyTorchModel, GP):
+    r"""Exact SKI Gaussian process with constant-time (in ``n``) online updates.
+
+    Args:
+        train_X: ``n x d`` training inputs (``n`` may be 0).
+        train_Y: ``n x 1`` training targets.
+        train_Yvar: Optional ``n x 1`` observed noise variances. If given, the model
+            uses fixed heteroskedastic noise and ``observe`` requires ``Yvar``;
+            otherwise the noise level is learned.
+        grid_size: Grid points per dimension (int or one per dimension), including
+            the one-spacing padding beyond ``grid_bounds``. Default: about 1024
+            points in total (32 per dimension in 2-D, 10 in 3-D).
+        grid_bounds: ``2 x d`` box covered by the grid, in the (transformed) input
+            space. Default: the unit cube, so inputs should be normalised, e.g. with
+            ``Normalize(d, bounds=bounds)``. The grid is fixed: points outside it
+            are rejected, never used to rebuild it.
+        covar_module: Base kernel (not a ``GridInterpolationKernel``). Default:
+            BoTorch's ``SingleTaskGP`` kernel (RBF with dimension-scaled priors).
+        likelihood: Gaussian likelihood for the learned-noise variant. Default:
+            BoTorch's ``SingleTaskGP`` likelihood. Must be omitted with ``train_Yvar``.
+        input_transform: Input transform, fitted on ``train_X`` and then frozen.
+        outcome_transform: Outcome transform, fitted on ``train_Y`` and then frozen.
+
+    Example:
+        >>> from botorch.models.transforms import Normalize, Standardize
+        >>> X = torch.rand(200, 2, dtype=torch.float64)
+        >>> Y = torch.sin(6 * X).sum(-1, keepdim=True)
+        >>> model = WiskiGP(X, Y, grid_size=30, outcome_transform=Standardize(1))
+        >>> model.observe(torch.rand(3, 2, dtype=torch.float64), torch.randn(3, 1, dtype=torch.float64))
+        >>> posterior = model.posterior(torch.rand(5, 2, dtype=torch.float64))
+    """
+
+    _num_outputs = 1
+
+    def __init__(
+        self,
+        train_X: Tensor,
+        train_Y: Tensor,
+        train_Yvar: Tensor | None = None,
+        *,
+        grid_size: int | Sequence[int] | None = None,
+        grid_bounds: Tensor | None = None,
+        covar_module: Kernel | None = None,
+        likelihood: GaussianLikelihood | None = None,
+        input_transform: InputTransform | None = None,
+        outcome_transform: OutcomeTransform | None = None,
+    ) -> None:
+        check_tensor(train_X, "train_X", min_dim=2)
+        if train_X.dim() != 2:
+            raise ValueError(
+                f"train_X must have shape n x d (batched models are not supported), "
+                f"got {tuple(train_X.shape)}."
+            )
+        check_targets(check_tensor(train_Y, "train_Y", like=train_X, min_dim=2), "train_Y", len(train_X))
+        if train_Yvar is not None:
+            check_tensor(train_Yvar, "train_Yvar", like=train_X, min_dim=2)
+            if train_Yvar.shape != train_Y.shape:
+                raise ValueError(
+                    f"train_Yvar must have the shape of train_Y {tuple(train_Y.shape)}, "
+                    f"got {tuple(train_Yvar.shape)}."
+                )
+            check_positive(train_Yvar, "train_Yvar")
+            if likelihood is not None:
+                raise ValueError(
+                    "likelihood must be None when train_Yvar is given (the fixed-noise "
+                    "likelihood is built from train_Yvar)."
+                )
+        if likelihood is not None and (
+            not isinstance(likelihood, GaussianLikelihood)
+            or isinstance(likelihood, FixedNoiseGaussianLikelihood)
+        ):
+            raise TypeError(
+                "likelihood must be a gpytorch GaussianLikelihood (learned homoskedastic "
+                f"noise); got {type(likelihood).__name__}. Pass train_Yvar for fixed noise."
+            )
+        super().__init__()
+        dim = train_X.shape[-1]
+        tkwargs = {"dtype": train_X.dtype, "device": train_X.device}
+
+        # Fit the transforms once on the initial data, then freeze them.
+        if input_transform is not None:
+            input_transform.to(**tkwargs)
+            with torch.no_grad():
+                transformed_X = input_transform(train_X) if len(train_X) else train_X
+            input_transform.eval()
+            self.input_transform = input_transform
+        else:
+            transformed_X = train_X
+        if outcome_transform is not None:
+            outcome_transform.to(**tkwargs)
+            if len(train_Y):
+                train_Y, train_Yvar = outcome_transform(train_Y, train_Yvar, X=transformed_X)
+            outcome_transform.eval()
+            self.outcome_transform = outcome_transform
+
+        if grid_bounds is None:
+            grid_bounds = torch.stack([torch.zeros(dim), torch.ones(dim)]).to(**tkwargs)
+        else:
+            check_tensor(grid_bounds, "grid_bounds", like=train_X, min_dim=2, last_dim=dim)
+        self.interpolation = CubicGridInterpolation(
+            grid_bounds, default_grid_size(dim) if grid_size is None else grid_size
+        )
+        self.interpolation.check_inside(transformed_X, "train_X")
+
+        if covar_module is None:
+            covar_module = get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
+        self.covar_module = covar_module.to(**tkwargs)
+        self.fixed_noise = train_Yvar is not None
+        if self.fixed_noise:
+            # Only the mean training noise is kept (BoTorch's fantasize reads it).
+            self.likelihood = FixedNoiseGaussianLikelihood(
+                noise=train_Yvar.mean().reshape(1) if len(train_Yvar) else torch.ones(1, **tkwargs)
+            ).to(**tkwargs)
+        else:
+            self.likelihood = (
+                get_gaussian_likelihood_with_lognormal_prior() if likelihood is None else likelihood
+            ).to(**tkwargs)
+
+        m = self.interpolation.num_grid
+        for name, value in [
+            ("stat_A", torch.zeros(m, m, **tkwargs)),
+            ("stat_b", torch.zeros(m, **tkwargs)),
+            ("stat_c", torch.zeros((), **tkwargs)),
+            ("stat_n", torch.zeros((), **tkwargs)),
+            ("stat_sum_log_noise", torch.zeros((), **tkwargs)),
+            ("stat_sum_noise", torch.zeros((), **tkwargs)),
+        ]:
+            self.register_buffer(name, value)
+        self.register_load_state_dict_post_hook(_invalidate_after_load)
+        self._clear_caches()
+        if len(train_X):
+            weights = self.interpolation.weights(transformed_X)
+            y = train_Y.squeeze(-1)
+            noise = None if train_Yvar is None else train_Yvar.squeeze(-1)
+            self._set_statistics(self._added_statistics(weights, y, noise))
+
+    # ------------------------------------------------------------------ state
+    def _clear_caches(self) -> None:
+        self._invalidate()
+        self._correction: LowRankCorrection | None = None
+        # Transformed (X, y, noise) of each conditioning, for replay after a
+        # hyperparameter change and for folding; O(Q), not O(n).
+        self._conditioning_log: list[tuple[Tensor, Tensor, Tensor]] = []
+
+    def _invalidate(self) -> None:
+        r"""Drop derived factors; the next prediction rebuilds them from the statistics."""
+        self._grid_posterior: GridPosterior | None = None
+        self._hyper_snapshot: list[Tensor] | None = None
+
+    def _apply(self, fn, *args, **kwargs):
+        # Device/dtype moves: statistics are buffers; the grid and caches follow.
+        super()._apply(fn, *args, **kwargs)
+        self.interpolation = self.interpolation.to(device=self.stat_b.device, dtype=self.stat_b.dtype)
+        self._invalidate()
+        return self
+
+    def _statistics(self) -> dict[str, Tensor]:
+        return {k: getattr(self, f"stat_{k}") for k in ("A", "b", "c", "n", "sum_log_noise", "sum_noise")}
+
+    def _set_statistics(self, stats: dict[str, Tensor]) -> None:
+        for key, value in stats.items():
+            setattr(self, f"stat_{key}", value)
+        if self.fixed_noise and stats["n"] > 0:
+            self.likelihood.noise = (stats["sum_noise"] / stats["n"]).reshape(1)
+
+    def _added_statistics(
+        self, weights: InterpolationWeights, y: Tensor, noise: Tensor | None
+    ) -> dict[str, Tensor]:
+        r"""Statistics after adding rows ``(W, y, noise)``; returns new tensors."""
+        stats = self._statistics()
+        if noise is None:  # homoskedastic: raw sums, divided by s2 when used
+            precision = torch.ones_like(y)
+            log_noise = torch.zeros((), dtype=y.dtype, device=y.device)
+            noise_sum = log_noise
+        else:
+            precision = noise.reciprocal()
+            log_noise = noise.log().sum()
+            noise_sum = noise.sum()
+        return {
+            "A": stats["A"] + weights.weighted_gram(precision),
+            "b": stats["b"] + weights.t_matvec(precision * y),
+            "c": stats["c"] + (precision * y * y).sum(),
+            "n": stats["n"] + y.numel(),
+            "sum_log_noise": stats["sum_log_noise"] + log_noise,
+            "sum_noise": stats["sum_noise"] + noise_sum,
+        }
+
+    @property
+    def noise_variance(self) -> Tensor:
+        r"""The homoskedastic noise variance, or the mean fixed noise variance."""
+        return self.likelihood.noise.reshape(())
+
+    def weighted_statistics(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        r"""Noise-weighted ``(A, b, c, n, sum(log noise))``; differentiable in the noise.
+
+        Includes data absorbed by ``condition_on_observations`` (unbatched only).
+        """
+        self._fold_conditioning()
+        s = self._statistics()
+        if self.fixed_noise:
+            return s["A"], s["b"], s["c"], s["n"], s["sum_log_noise"]
+        s2 = self.noise_variance
+        return s["A"] / s2, s["b"] / s2, s["c"] / s2, s["n"], s["n"] * s2.log()
+
+    @property
+    def num_train(self) -> int:
+        r"""Number of observations absorbed so far (including conditioning)."""
+        extra = sum(entry[0].shape[-2] for entry in self._conditioning_log)
+        return int(self.stat_n.item()) + extra
+
+    def _hyperparameters(self) -> list[Tensor]:
+        return [p for p in self.parameters()]
+
+    def _caches_valid(self) -> bool:
+        if self._grid_posterior is None or self._hyper_snapshot is None:
+            return False
+        current = self._hyperparameters()
+        return len(current) == len(self._hyper_snapshot) and all(
+            torch.equal(a, b) for a, b in zip(current, self._hyper_snapshot, strict=True)
+        )
+
+    def grid_posterior(self) -> GridPosterior:
+        r"""The posterior of the grid values (before any conditioning correction).
+
+        Rebuilt from the sufficient statistics in ``O(m^3)`` when the hyperparameters
+        changed since the last call; otherwise returned from the cache. The cache is
+        detached from the hyperparameters (as gpytorch's ``detach_test_caches``).
+        """
+        if not self._caches_valid():
+            log = self._conditioning_log
+            with torch.no_grad():
+                s = self._statistics()
+                if self.fixed_noise:
+                    A, b = s["A"], s["b"]
+                else:
+                    s2 = self.noise_variance
+                    A, b = s["A"] / s2, s["b"] / s2
+                L_K = grid_kernel_root(self.covar_module, self.interpolation.grid)
+                self._grid_posterior = factorize(L_K, A, b)
+                self._hyper_snapshot = [p.detach().clone() for p in self._hyperparameters()]
+            # Replay conditioning (keeps gradients w.r.t. the conditioning inputs).
+            self._correction = None
+            for X_q, y_q, noise_q in log:
+                self._correction = self._current_correction().condition(
+                    self._grid_posterior, self.interpolation.weights(X_q), y_q, noise_q
+                )
+        return self._grid_posterior
+
+    def _current_correction(self) -> LowRankCorrection:
+        if self._correction is None:
+            return LowRankCorrection.empty(self.interpolation.num_grid, self.stat_b)
+        return self._correction
+
+    def _fold_conditioning(self) -> None:
+        r"""Turn an unbatched conditioned model into a plain root model (exact)."""
+        if not self._conditioning_log:
+            return
+        if len(self.batch_shape) > 0:
+            raise RuntimeError(
+                "This model was conditioned on batched (fantasy) observations, whose "
+                f"batch shape {tuple(self.batch_shape)} cannot be folded into one set of "
+                "statistics; call observe / the marginal likelihood on the parent model."
+            )
+        posterior = self.grid_posterior()
+        correction = self._current_correction()
+        for X_q, y_q, noise_q in self._conditioning_log:
+            weights = self.interpolation.weights(X_q.detach())
+            noise = None if not self.fixed_noise else noise_q.detach()
+            self._set_statistics(self._added_statistics(weights, y_q.detach(), noise))
+        with torch.no_grad():
+            self._grid_posterior = fold_low_rank(posterior, correction.V, correction.gamma)
+        self._correction = None
+        self._conditioning_log = []
+
+    # ------------------------------------------------------------ BoTorch API
+    def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True, **kwargs: Any):
+        r"""Load hyperparameters and sufficient statistics (e.g. to resume a stream).
+
+        Unlike ``GPyTorchModel.load_state_dict``, no training data are re-transformed:
+        the statistics in ``state_dict`` are already in the transformed space.
+        """
+        return torch.nn.Module.load_state_dict(self, state_dict, strict=strict)
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        if self._correction is None:
+            return torch.Size([])
+        return self._correction.gamma.shape[:-1]
+
+    def _set_transformed_inputs(self) -> None:
+        # Inputs are transformed when they arrive; no training inputs are stored.
+        pass
+
+    def _revert_to_original_inputs(self) -> None:
+        pass
+
+    def _transform_new_data(
+        self, X: Tensor, Y: Tensor | None = None, Yvar: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        r"""Pass new data through the frozen input and outcome transforms."""
+        input_tf = getattr(self, "input_transform", None)
+        outcome_tf = getattr(self, "outcome_transform", None)
+        with _eval_mode(input_tf), _eval_mode(outcome_tf):
+            X_t = input_tf(X) if input_tf is not None else X
+            if Y is not None and outcome_tf is not None:
+                Y, Yvar = outcome_tf(Y, Yvar, X=X_t)
+        return X_t, Y, Yvar
+
+    def _check_inputs(self, X: Tensor, name: str, min_dim: int = 2) -> None:
+        check_tensor(X, name, like=self.stat_b, min_dim=min_dim, last_dim=self.interpolation.dim)
+
+    def forward(self, X: Tensor) -> MultivariateNormal:
+        r"""Posterior of the latent function at already-transformed inputs ``X``."""
+        posterior = self.grid_posterior()
+        weights = self.interpolation.weights(X)
+        mean, covar = self._current_correction().predict(posterior, weights)
+        covar = covar.expand(*mean.shape, mean.shape[-1])
+        return MultivariateNormal(mean, covar)
+
+    def posterior(
+        self,
+        X: Tensor,
+        observation_noise: bool | Tensor = False,
+        posterior_transform: Any | None = None,
+        **kwargs: Any,
+    ) -> GPyTorchPosterior:
+        r"""Joint posterior over the ``q`` points of ``batch_shape x q x d`` inputs ``X``.
+
+        Args:
+            X: Inputs in the original (untransformed) space.
+            observation_noise: If True, add the noise variance (the learned one, or
+                the mean fixed noise); if a ``batch_shape x q x 1`` tensor, add it
+                (in the outcome-transformed space).
+            posterior_transform: Optional BoTorch posterior transform.
+
+        Returns:
+            A ``GPyTorchPosterior`` of shape ``broadcast(batch, model.batch) x q x 1``.
+        """
+        self._check_inputs(X, "X", min_dim=2)
+        self.eval()
+        X_t = self.transform_inputs(X)
+        self.interpolation.check_inside(X_t, "X")
+        mvn = self(X_t)
+        if observation_noise is not False:
+            if isinstance(observation_noise, Tensor):
+                noise = observation_noise.squeeze(-1)
+            else:
+                noise = self.noise_variance.expand(mvn.mean.shape)
+            covar = mvn.covariance_matrix + torch.diag_embed(noise.expand(mvn.mean.shape))
+            mvn = MultivariateNormal(mvn.mean, covar)
+        posterior = GPyTorchPosterior(distribution=mvn)
+        if hasattr(self, "outcome_transform"):
+            posterior = self.outcome_transform.untransform_posterior(posterior, X=X_t)
+        if posterior_transform is not None:
+            return posterior_transform(posterior=posterior, X=X_t)
+        return posterior
+
+    # -------------------------------------------------------------- updates
+    def observe(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> WiskiGP:
+        r"""Absorb new observations in place, in ``O(m^2 q)`` time (independent of ``n``).
+
+        Args:
+            X: ``q x d`` new inputs (original space).
+            Y: ``q x 1`` new targets (original space).
+            Yvar: ``q x 1`` noise variances (original space); required exactly when
+                the model was built with ``train_Yvar``.
+
+        Returns:
+            The model itself. On invalid input, raises and leaves the model unchanged.
+        """
+        self._check_inputs(X, "X")
+        if X.dim() != 2:
+            raise ValueError(f"X must have shape q x d, got {tuple(X.shape)}.")
+        check_targets(check_tensor(Y, "Y", like=self.stat_b, min_dim=2), "Y", len(X))
+        if self.fixed_noise and Yvar is None:
+            raise ValueError("Yvar is required: this model uses fixed noise (train_Yvar).")
+        if not self.fixed_noise and Yvar is not None:
+            raise ValueError("Yvar must be None: this model learns its noise level.")
+        if Yvar is not None:
+            check_tensor(Yvar, "Yvar", like=self.stat_b, min_dim=2)
+            if Yvar.shape != Y.shape:
+                raise ValueError(f"Yvar must have the shape of Y {tuple(Y.shape)}, got {tuple(Yvar.shape)}.")
+            check_positive(Yvar, "Yvar")
+        X_t, Y_t, Yvar_t = self._transform_new_data(X, Y, Yvar)
+        self.interpolation.check_inside(X_t, "X")
+        if len(X) == 0:
+            return self
+        if self._conditioning_log and len(self.batch_shape) > 0:
+            raise RuntimeError(
+                "observe is not available on a model conditioned on batched (fantasy) "
+                "observations; observe on the parent model instead."
+            )
+        self._fold_conditioning()
+        weights = self.interpolation.weights(X_t)
+        y = Y_t.squeeze(-1)
+        noise = None if Yvar_t is None else Yvar_t.squeeze(-1)
+        with torch.no_grad():
+            posterior = self.grid_posterior()
+            update_noise = self.noise_variance.expand_as(y) if noise is None else noise
+            new_posterior = update_root(posterior, weights, y, update_noise)
+            new_stats = self._added_statistics(weights, y, noise)
+        self._grid_posterior = new_posterior
+        self._set_statistics(new_stats)
+        return self
+
+    def condition_on_observations(
+        self, X: Tensor, Y: Tensor, noise: Tensor | None = None, **kwargs: Any
+    ) -> WiskiGP:
+        r"""A new model conditioned on ``(X, Y)``, sharing this model's grid root.
+
+        The new model holds a rank-``q`` correction of this model's posterior (no
+        copy of the ``m x m`` root), costs ``O(b m q)`` memory for ``b`` batches, and
+        is differentiable with respect to ``X`` (as qNIPV / qKG need).
+
+        Args:
+            X: ``batch_shape x q x d`` inputs (original space).
+            Y: ``sample_shape x batch_shape x q x 1`` targets (original space).
+            noise: Optional ``batch_shape x q x 1`` noise variances in the
+                outcome-transformed space (BoTorch's convention); default: the
+                model's noise level (mean training noise for fixed noise).
+
+        Returns:
+            A ``WiskiGP`` with batch shape ``sample_shape + broadcast(batch, model.batch)``.
+        """
+        self._check_inputs(X, "X")
+        check_tensor(Y, "Y", like=self.stat_b, min_dim=2, last_dim=1)
+        if Y.shape[-2] != X.shape[-2]:
+            raise ValueError(f"Y has {Y.shape[-2]} points per batch but X has {X.shape[-2]}.")
+        if noise is not None:
+            check_tensor(noise, "noise", like=self.stat_b, min_dim=2, last_dim=1)
+            check_positive(noise, "noise")
+        X_t, Y_t, _ = self._transform_new_data(X, Y)
+        self.interpolation.check_inside(X_t, "X")
+        posterior = self.grid_posterior()
+        y = Y_t.squeeze(-1)
+        if noise is None:
+            noise_q = self.noise_variance.detach().expand(X.shape[:-1])
+        else:
+            noise_q = noise.squeeze(-1)
+        correction = self._current_correction().condition(
+            posterior, self.interpolation.weights(X_t), y, noise_q
+        )
+        shared = [
+            self._grid_posterior.root,
+            self._grid_posterior.mean,
+            *self._statistics().values(),
+            *(t for entry in self._conditioning_log for t in entry),
+        ]
+        if self._correction is not None:
+            shared += [self._correction.V, self._correction.gamma]
+        memo = {id(t): t for t in shared}
+        memo[id(self._correction)] = None
+        new = copy.deepcopy(self, memo)
+        new._correction = correction
+        new._conditioning_log = [*self._conditioning_log, (X_t, y, noise_q)]
+        return new
