@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 from botorch.models.gpytorch import GPyTorchModel
+from botorch.models.model import FantasizeMixin
 from botorch.models.transforms.input import InputTransform
 from botorch.models.transforms.outcome import OutcomeTransform
 from botorch.models.utils.gpytorch_modules import (
@@ -86,7 +87,7 @@ def _invalidate_after_load(module: WiskiGP, incompatible_keys: Any) -> None:
     module._invalidate()
 
 
-class WiskiGP(GPyTorchModel, GP):
+class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
     r"""Exact SKI Gaussian process with constant-time (in ``n``) online updates.
 
     Args:
@@ -276,7 +277,16 @@ class WiskiGP(GPyTorchModel, GP):
     @property
     def noise_variance(self) -> Tensor:
         r"""The homoskedastic noise variance, or the mean fixed noise variance."""
-        return self.likelihood.noise.reshape(())
+        noise = self.likelihood.noise.reshape(())
+        if not noise > 0:
+            raise ValueError(
+                f"The likelihood's noise variance is {noise.item():.3g}, not positive. BoTorch's "
+                "default constraints have no transform (bounds are enforced by the optimizer), so "
+                "a plain torch optimizer can step out of them: use botorch.fit.fit_gpytorch_mll / "
+                "fit_gpytorch_mll_torch, or a likelihood with a transformed noise constraint "
+                "(e.g. gpytorch.likelihoods.GaussianLikelihood())."
+            )
+        return noise
 
     def weighted_statistics(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         r"""Noise-weighted ``(A, b, c, n, sum(log noise))``; differentiable in the noise.

@@ -1,0 +1,124 @@
+r"""Dense float64 oracles shared by the tests.
+
+``DenseSKIModel`` is a deliberately naive BoTorch model: it stores every
+observation and evaluates the SKI posterior ``K_XX ~ W K_UU W^T`` with dense
+solves, with ``K_UU`` evaluated by the kernel on all grid points (no jitter,
+no Kronecker structure, no Woodbury identity). Conditioning appends data, with
+batch dimensions, so it is also the oracle for BoTorch fantasies.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from botorch.models.model import FantasizeMixin, Model
+from botorch.posteriors.gpytorch import GPyTorchPosterior
+from gpytorch.distributions import MultivariateNormal
+from torch import Tensor
+
+from streamgp.linalg import grid_kernel_matrix
+
+
+class DenseSKIModel(Model, FantasizeMixin):
+    """Dense SKI posterior over data ``(W, y, noise)``, in the model's transformed space.
+
+    Args:
+        wiski: A ``WiskiGP`` whose grid, kernel and noise are used (no transforms).
+        X: ``batch x n x d`` inputs; y: ``batch x n`` targets; noise: ``batch x n``
+            variances, or None for the WiskiGP's (learned, differentiable) noise level.
+    """
+
+    def __init__(self, wiski, X: Tensor, y: Tensor, noise: Tensor) -> None:
+        super().__init__()
+        self.wiski = wiski
+        self.X, self.y, self.noise = X, y, noise
+
+    @property
+    def likelihood(self):
+        return self.wiski.likelihood
+
+    @property
+    def num_outputs(self) -> int:
+        return 1
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return self.y.shape[:-1]
+
+    def _K(self) -> Tensor:
+        return grid_kernel_matrix(self.wiski.covar_module, self.wiski.interpolation.grid)
+
+    def _noise(self) -> Tensor:
+        if self.noise is None:
+            return self.wiski.noise_variance.expand(self.y.shape)
+        return self.noise
+
+    def _W(self, X: Tensor) -> Tensor:
+        return self.wiski.interpolation.weights(X).to_dense()
+
+    def latent(self, Xs: Tensor) -> tuple[Tensor, Tensor]:
+        K = self._K()
+        W, Ws = self._W(self.X), self._W(Xs)
+        Kxx = W @ K @ W.mT + torch.diag_embed(self._noise())
+        Ksx = Ws @ K @ W.mT
+        L = torch.linalg.cholesky(Kxx)
+        a = torch.cholesky_solve(self.y.unsqueeze(-1), L)
+        mean = (Ksx @ a).squeeze(-1)
+        B = torch.linalg.solve_triangular(L, Ksx.mT, upper=False)
+        covar = Ws @ K @ Ws.mT - B.mT @ B
+        return mean, covar
+
+    def log_marginal_likelihood(self) -> Tensor:
+        K = self._K()
+        W = self._W(self.X)
+        Kxx = W @ K @ W.mT + torch.diag_embed(self._noise())
+        L = torch.linalg.cholesky(Kxx)
+        z = torch.linalg.solve_triangular(L, self.y.unsqueeze(-1), upper=False).squeeze(-1)
+        n = self.y.shape[-1]
+        logdet = 2 * L.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+        return -0.5 * ((z * z).sum(-1) + logdet + n * math.log(2 * math.pi))
+
+    def posterior(self, X, observation_noise=False, posterior_transform=None, **kwargs):
+        mean, covar = self.latent(X)
+        covar = covar.expand(*mean.shape, mean.shape[-1])
+        if isinstance(observation_noise, Tensor):
+            covar = covar + torch.diag_embed(observation_noise.squeeze(-1).expand(mean.shape))
+        elif observation_noise:
+            covar = covar + self.wiski.noise_variance * torch.eye(mean.shape[-1], dtype=mean.dtype)
+        post = GPyTorchPosterior(MultivariateNormal(mean, covar))
+        return posterior_transform(post) if posterior_transform is not None else post
+
+    def condition_on_observations(self, X, Y, noise=None, **kwargs):
+        y_new = Y.squeeze(-1)
+        if noise is None:
+            noise_new = self.wiski.noise_variance.detach().expand(X.shape[:-1])
+        else:
+            noise_new = noise.squeeze(-1)
+        old_noise = self._noise().detach()
+        batch = torch.broadcast_shapes(self.y.shape[:-1], y_new.shape[:-1])
+        Xb = torch.broadcast_shapes(self.X.shape[:-2], X.shape[:-2], batch)
+        X_all = torch.cat(
+            [self.X.expand(*Xb, *self.X.shape[-2:]), X.expand(*Xb, *X.shape[-2:])], dim=-2
+        )
+        y_all = torch.cat(
+            [self.y.expand(*batch, self.y.shape[-1]), y_new.expand(*batch, y_new.shape[-1])], -1
+        )
+        nb = torch.broadcast_shapes(old_noise.shape[:-1], noise_new.shape[:-1], batch)
+        noise_all = torch.cat(
+            [old_noise.expand(*nb, old_noise.shape[-1]), noise_new.expand(*nb, noise_new.shape[-1])],
+            -1,
+        )
+        return DenseSKIModel(self.wiski, X_all, y_all, noise_all)
+
+
+def copy_hyperparameters(source, target) -> None:
+    """Copy kernel and likelihood hyperparameters (not data) between WiskiGPs."""
+    target.covar_module.load_state_dict(source.covar_module.state_dict())
+    if not target.fixed_noise:
+        target.likelihood.load_state_dict(source.likelihood.state_dict())
+
+
+def rel_err(a: Tensor, b: Tensor) -> float:
+    """Max absolute error relative to the largest entry of the reference ``b``."""
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
