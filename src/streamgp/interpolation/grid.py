@@ -94,9 +94,9 @@ class CubicGridInterpolation:
     r"""A fixed regular grid over a box and cubic interpolation onto it.
 
     The grid has ``grid_size[i]`` points in dimension ``i``, spanning the bounds
-    padded by one spacing on each side (gpytorch's ``create_grid``), so every
-    point inside ``bounds`` has all of its ``4^d`` interpolation neighbours on the
-    grid.
+    padded by one spacing on each side (built with gpytorch's ``create_grid``), so
+    the bounds are grid points and every point inside them has all of its ``4^d``
+    interpolation neighbours on the grid.
 
     Args:
         bounds: ``2 x d`` tensor of lower and upper bounds; sets dtype and device.
@@ -127,11 +127,17 @@ class CubicGridInterpolation:
             )
         self.bounds = bounds
         self.grid_size = sizes
+        # Pad exactly one spacing h = (hi - lo) / (g - 3) on each side, so that the
+        # bounds are grid points and every point inside them has its 4 cubic
+        # neighbours per dimension on the grid (create_grid's own `extend` pads by a
+        # slightly different amount, leaving a sliver near the bounds where
+        # gpytorch falls back to nearest-neighbour weights).
+        padded = []
+        for (lo, hi), g in zip(bounds.t().tolist(), sizes, strict=True):
+            h = (hi - lo) / (g - 3)
+            padded.append((lo - h, hi + h))
         self.grid = create_grid(
-            sizes,
-            [(float(lo), float(hi)) for lo, hi in bounds.t().tolist()],
-            device=bounds.device,
-            dtype=bounds.dtype,
+            sizes, padded, extend=False, device=bounds.device, dtype=bounds.dtype
         )
         self._interpolation = Interpolation()
 

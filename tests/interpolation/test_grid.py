@@ -1,0 +1,63 @@
+"""Cubic grid interpolation: layout, accuracy and the sparse products."""
+
+import pytest
+import torch
+
+from streamgp.interpolation import CubicGridInterpolation
+
+DTYPE = torch.float64
+
+
+def make(d=2, g=9):
+    bounds = torch.stack([torch.zeros(d), torch.ones(d)]).to(DTYPE)
+    return CubicGridInterpolation(bounds, g)
+
+
+def test_grid_in_model_dtype_and_padded():
+    interp = make()
+    assert all(g.dtype == DTYPE for g in interp.grid)
+    spacing = 1.0 / (9 - 3)
+    assert interp.grid[0][0].item() == pytest.approx(-spacing)
+    assert interp.grid[0][-1].item() == pytest.approx(1 + spacing)
+    assert interp.grid[0][1].item() == pytest.approx(0.0) and interp.grid[0][-2].item() == pytest.approx(1.0)
+
+
+def test_flat_index_first_dimension_slowest():
+    interp = make(d=3, g=6)
+    points = interp.grid_points()
+    target = points[[91, 62]]  # interior grid points (indices 1..4 in each dim)
+    W = interp.weights(target).to_dense()
+    assert torch.allclose(W[0], torch.nn.functional.one_hot(torch.tensor(91), 216).to(DTYPE))
+    assert torch.allclose(W[1], torch.nn.functional.one_hot(torch.tensor(62), 216).to(DTYPE))
+    assert torch.equal(points[1], torch.stack([interp.grid[0][0], interp.grid[1][0], interp.grid[2][1]]))
+
+
+def test_interpolation_accuracy_and_partition_of_unity():
+    interp = make(d=2, g=40)
+    X = torch.rand(100, 2, dtype=DTYPE)
+    W = interp.weights(X).to_dense()
+    assert torch.allclose(W.sum(-1), torch.ones(100, dtype=DTYPE))
+    f = lambda Z: torch.sin(3 * Z[:, 0]) * torch.cos(2 * Z[:, 1])  # noqa: E731
+    assert (W @ f(interp.grid_points()) - f(X)).abs().max() < 1e-4
+
+
+def test_sparse_products_match_dense():
+    interp = make()
+    X = torch.rand(3, 5, 2, dtype=DTYPE)
+    W = interp.weights(X)
+    dense = W.to_dense()
+    R = torch.randn(interp.num_grid, 7, dtype=DTYPE)
+    v = torch.randn(interp.num_grid, dtype=DTYPE)
+    assert torch.allclose(W.matmul(R), dense @ R)
+    assert torch.allclose(W.dot(v), dense @ v)
+    W2 = interp.weights(X[0])
+    w = torch.rand(5, dtype=DTYPE)
+    assert torch.allclose(W2.t_matvec(w), W2.to_dense().T @ w)
+    assert torch.allclose(W2.weighted_gram(w), W2.to_dense().T @ torch.diag(w) @ W2.to_dense())
+
+
+def test_bounds_check_names_argument_and_tolerates_roundoff():
+    interp = make()
+    interp.check_inside(torch.tensor([[1.0 + 1e-9, 0.0]], dtype=DTYPE), "X")
+    with pytest.raises(ValueError, match=r"Z has points outside grid_bounds in dimension\(s\) \[1\]"):
+        interp.check_inside(torch.tensor([[0.5, -0.1]], dtype=DTYPE), "Z")

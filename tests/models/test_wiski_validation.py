@@ -1,0 +1,128 @@
+"""Bad input raises a clear error naming the argument and leaves the model unchanged."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from streamgp import WiskiGP
+
+DTYPE = torch.float64
+
+
+def _snapshot(model: WiskiGP):
+    Xs = torch.linspace(0.1, 0.9, 6, dtype=DTYPE).reshape(3, 2)
+    post = model.posterior(Xs)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    return state, post.mean.detach().clone(), post.variance.detach().clone()
+
+
+def _assert_unchanged(model: WiskiGP, snapshot) -> None:
+    state, mean, var = snapshot
+    now = model.state_dict()
+    assert state.keys() == now.keys()
+    for k in state:
+        assert torch.equal(state[k], now[k]), k
+    new_state, new_mean, new_var = _snapshot(model)
+    assert torch.equal(mean, new_mean) and torch.equal(var, new_var)
+
+
+@pytest.fixture
+def model():
+    X = torch.rand(20, 2, dtype=DTYPE)
+    return WiskiGP(X, X.sum(-1, keepdim=True), grid_size=10)
+
+
+@pytest.fixture
+def fixed_model():
+    X = torch.rand(20, 2, dtype=DTYPE)
+    return WiskiGP(X, X.sum(-1, keepdim=True), torch.full((20, 1), 0.1, dtype=DTYPE), grid_size=10)
+
+
+GOOD_X = torch.full((2, 2), 0.5, dtype=DTYPE)
+GOOD_Y = torch.ones(2, 1, dtype=DTYPE)
+NAN_X = torch.tensor([[0.5, float("nan")], [0.2, 0.2]], dtype=DTYPE)
+INF_Y = torch.tensor([[1.0], [float("inf")]], dtype=DTYPE)
+OUTSIDE_X = torch.tensor([[0.5, 1.5], [0.2, 0.2]], dtype=DTYPE)
+
+OBSERVE_CASES = [
+    ("nan X", dict(X=NAN_X, Y=GOOD_Y), ValueError, "X contains NaN"),
+    ("inf Y", dict(X=GOOD_X, Y=INF_Y), ValueError, "Y contains NaN"),
+    ("outside grid", dict(X=OUTSIDE_X, Y=GOOD_Y), ValueError, "X has points outside grid_bounds"),
+    ("Y rows", dict(X=GOOD_X, Y=torch.ones(3, 1, dtype=DTYPE)), ValueError, "Y has 3 rows"),
+    ("Y outputs", dict(X=GOOD_X, Y=torch.ones(2, 2, dtype=DTYPE)), ValueError, "Y must have shape"),
+    ("X dims", dict(X=torch.rand(2, 3, dtype=DTYPE), Y=GOOD_Y), ValueError, "X must have last dimension 2"),
+    ("X batch", dict(X=torch.rand(1, 2, 2, dtype=DTYPE), Y=GOOD_Y), ValueError, "X must have shape q x d"),
+    ("dtype", dict(X=GOOD_X.float(), Y=GOOD_Y.float()), TypeError, "X has dtype torch.float32"),
+    ("device", dict(X=GOOD_X.to("meta"), Y=GOOD_Y), TypeError, "X is on meta"),
+    ("not tensor", dict(X=[[0.5, 0.5]], Y=GOOD_Y), TypeError, "X must be a torch.Tensor"),
+    ("int dtype", dict(X=GOOD_X, Y=GOOD_Y.long()), TypeError, "Y must have a floating dtype"),
+    ("Yvar for learned noise", dict(X=GOOD_X, Y=GOOD_Y, Yvar=GOOD_Y), ValueError, "Yvar must be None"),
+]
+
+
+@pytest.mark.parametrize("case,kwargs,error,match", OBSERVE_CASES, ids=[c[0] for c in OBSERVE_CASES])
+def test_observe_rejects_bad_input(model, case, kwargs, error, match):
+    snap = _snapshot(model)
+    with pytest.raises(error, match=match):
+        model.observe(**kwargs)
+    _assert_unchanged(model, snap)
+
+
+FIXED_CASES = [
+    ("missing Yvar", dict(X=GOOD_X, Y=GOOD_Y), ValueError, "Yvar is required"),
+    ("zero Yvar", dict(X=GOOD_X, Y=GOOD_Y, Yvar=torch.zeros(2, 1, dtype=DTYPE)), ValueError, "Yvar must be strictly positive"),
+    ("negative Yvar", dict(X=GOOD_X, Y=GOOD_Y, Yvar=-GOOD_Y), ValueError, "Yvar must be strictly positive"),
+    ("nan Yvar", dict(X=GOOD_X, Y=GOOD_Y, Yvar=INF_Y), ValueError, "Yvar contains NaN"),
+    ("Yvar shape", dict(X=GOOD_X, Y=GOOD_Y, Yvar=torch.ones(1, 1, dtype=DTYPE)), ValueError, "Yvar must have the shape of Y"),
+]
+
+
+@pytest.mark.parametrize("case,kwargs,error,match", FIXED_CASES, ids=[c[0] for c in FIXED_CASES])
+def test_fixed_noise_observe_rejects_bad_noise(fixed_model, case, kwargs, error, match):
+    snap = _snapshot(fixed_model)
+    with pytest.raises(error, match=match):
+        fixed_model.observe(**kwargs)
+    _assert_unchanged(fixed_model, snap)
+
+
+def test_condition_and_posterior_reject_bad_input(model):
+    snap = _snapshot(model)
+    with pytest.raises(ValueError, match="X has points outside grid_bounds"):
+        model.condition_on_observations(OUTSIDE_X, GOOD_Y)
+    with pytest.raises(ValueError, match="noise must be strictly positive"):
+        model.condition_on_observations(GOOD_X, GOOD_Y, noise=torch.zeros(2, 1, dtype=DTYPE))
+    with pytest.raises(ValueError, match="Y has 3 points per batch"):
+        model.condition_on_observations(GOOD_X, torch.ones(3, 1, dtype=DTYPE))
+    with pytest.raises(ValueError, match="X contains NaN"):
+        model.posterior(NAN_X)
+    with pytest.raises(ValueError, match="X has points outside grid_bounds"):
+        model.posterior(OUTSIDE_X)
+    with pytest.raises(TypeError, match="X has dtype"):
+        model.posterior(GOOD_X.float())
+    _assert_unchanged(model, snap)
+
+
+def test_constructor_rejects_bad_input():
+    X = torch.rand(5, 2, dtype=DTYPE)
+    Y = torch.rand(5, 1, dtype=DTYPE)
+    with pytest.raises(ValueError, match="train_X contains NaN"):
+        WiskiGP(NAN_X, GOOD_Y)
+    with pytest.raises(ValueError, match="train_Y has 4 rows"):
+        WiskiGP(X, Y[:4])
+    with pytest.raises(TypeError, match="train_Y has dtype"):
+        WiskiGP(X, Y.float())
+    with pytest.raises(ValueError, match="train_Yvar must be strictly positive"):
+        WiskiGP(X, Y, torch.zeros_like(Y))
+    with pytest.raises(ValueError, match="train_X has points outside grid_bounds"):
+        WiskiGP(X + 2, Y)
+    with pytest.raises(ValueError, match="grid_size"):
+        WiskiGP(X, Y, grid_size=3)
+    with pytest.raises(ValueError, match="grid_bounds"):
+        WiskiGP(X, Y, grid_bounds=torch.ones(2, 2, dtype=DTYPE))
+    with pytest.raises(ValueError, match="train_X must have shape n x d"):
+        WiskiGP(X.unsqueeze(0), Y.unsqueeze(0))
+    with pytest.raises(ValueError, match="likelihood must be None"):
+        from gpytorch.likelihoods import GaussianLikelihood
+
+        WiskiGP(X, Y, torch.ones_like(Y), likelihood=GaussianLikelihood())
