@@ -26,7 +26,6 @@ never need rescaling.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -46,6 +45,7 @@ from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel
 from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
 from gpytorch.models import GP
+from linear_operator.operators import DenseLinearOperator
 from torch import Tensor
 
 from streamgp.interpolation.grid import CubicGridInterpolation, InterpolationWeights
@@ -120,6 +120,8 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
     """
 
     _num_outputs = 1
+    #: Rows per chunk when accumulating the statistics of the constructor's data.
+    STATISTICS_CHUNK = 8192
 
     def __init__(
         self,
@@ -217,11 +219,14 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
             self.register_buffer(name, value)
         self.register_load_state_dict_post_hook(_invalidate_after_load)
         self._clear_caches()
-        if len(train_X):
-            weights = self.interpolation.weights(transformed_X)
-            y = train_Y.squeeze(-1)
-            noise = None if train_Yvar is None else train_Yvar.squeeze(-1)
-            self._set_statistics(self._added_statistics(weights, y, noise))
+        # Large initial data sets are absorbed in chunks to bound memory.
+        y_all = train_Y.squeeze(-1)
+        noise_all = None if train_Yvar is None else train_Yvar.squeeze(-1)
+        for start in range(0, len(train_X), self.STATISTICS_CHUNK):
+            rows = slice(start, start + self.STATISTICS_CHUNK)
+            weights = self.interpolation.weights(transformed_X[rows])
+            noise = None if noise_all is None else noise_all[rows]
+            self._set_statistics(self._added_statistics(weights, y_all[rows], noise))
 
     # ------------------------------------------------------------------ state
     def _clear_caches(self) -> None:
@@ -413,7 +418,9 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         weights = self.interpolation.weights(X)
         mean, covar = self._current_correction().predict(posterior, weights)
         covar = covar.expand(*mean.shape, mean.shape[-1])
-        return MultivariateNormal(mean, covar)
+        # A LinearOperator defers factorisation to whoever needs it (samplers add
+        # jitter as required); a plain tensor would be Cholesky-factored right here.
+        return MultivariateNormal(mean, DenseLinearOperator(covar))
 
     def posterior(
         self,
@@ -445,7 +452,7 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
             else:
                 noise = self.noise_variance.expand(mvn.mean.shape)
             covar = mvn.covariance_matrix + torch.diag_embed(noise.expand(mvn.mean.shape))
-            mvn = MultivariateNormal(mvn.mean, covar)
+            mvn = MultivariateNormal(mvn.mean, DenseLinearOperator(covar))
         posterior = GPyTorchPosterior(distribution=mvn)
         if hasattr(self, "outcome_transform"):
             posterior = self.outcome_transform.untransform_posterior(posterior, X=X_t)
@@ -508,7 +515,9 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
 
         The new model holds a rank-``q`` correction of this model's posterior (no
         copy of the ``m x m`` root), costs ``O(b m q)`` memory for ``b`` batches, and
-        is differentiable with respect to ``X`` (as qNIPV / qKG need).
+        is differentiable with respect to ``X`` (as qNIPV / qKG need). It shares the
+        kernel, likelihood and transform modules with this model (a view, not a
+        deep copy); ``observe`` on this model later does not affect it.
 
         Args:
             X: ``batch_shape x q x d`` inputs (original space).
@@ -538,17 +547,23 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         correction = self._current_correction().condition(
             posterior, self.interpolation.weights(X_t), y, noise_q
         )
-        shared = [
-            self._grid_posterior.root,
-            self._grid_posterior.mean,
-            *self._statistics().values(),
-            *(t for entry in self._conditioning_log for t in entry),
-        ]
-        if self._correction is not None:
-            shared += [self._correction.V, self._correction.gamma]
-        memo = {id(t): t for t in shared}
-        memo[id(self._correction)] = None
-        new = copy.deepcopy(self, memo)
+        new = self._view()
         new._correction = correction
         new._conditioning_log = [*self._conditioning_log, (X_t, y, noise_q)]
+        return new
+
+    def _view(self) -> WiskiGP:
+        r"""A new model object sharing this one's tensors and hyperparameter modules.
+
+        Cheap (no tensor or module copies): the statistics and grid factors are
+        immutable in practice (``observe`` replaces them rather than writing into
+        them), and a shared kernel/likelihood means a conditioned model is a view of
+        its parent with extra data. Changing hyperparameters on either model makes
+        that model rebuild its own factors from its own statistics.
+        """
+        new = self.__class__.__new__(self.__class__)
+        new.__dict__ = {
+            key: value.copy() if isinstance(value, dict) else value
+            for key, value in self.__dict__.items()
+        }
         return new

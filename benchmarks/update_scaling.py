@@ -1,0 +1,127 @@
+r"""Time of one BO update as the data grow: condition on q=3 points, predict at 16.
+
+Models (3-D inputs, RBF kernel, fixed hyperparameters):
+- WISKI (``WiskiGP``, 10^3 grid) for n = 10^2 ... 10^6;
+- BoTorch ``SingleTaskGP`` (exact) for n <= 4000;
+- gpytorch's own SKI fantasy path (``SingleTaskGP`` with a ``GridInterpolationKernel``
+  on the same 10^3 grid), whose ``InterpolatedPredictionStrategy`` rebuilds an
+  O(m^3) cache on the first prediction after every update.
+
+Each timing is the median over repeats of ``condition_on_observations(X_q, Y_q)``
+followed by ``posterior(X_test)`` with mean and variance evaluated. Results go to
+``benchmarks/results/update_scaling.{json,csv}``.
+
+Usage: ``python benchmarks/update_scaling.py [--quick]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+from botorch.models import SingleTaskGP
+from gpytorch.kernels import GridInterpolationKernel, RBFKernel
+
+from streamgp import WiskiGP
+
+D, GRID, Q, T = 3, 10, 3, 16
+LENGTHSCALE, NOISE = 0.3, 0.01
+
+
+def data(n, tkwargs):
+    X = torch.rand(n, D, **tkwargs)
+    return X, torch.sin(4 * X).sum(-1, keepdim=True) + 0.1 * torch.randn(n, 1, **tkwargs)
+
+
+def time_update(model, tkwargs, repeats):
+    Xq, Yq = data(Q, tkwargs)
+    Xs = torch.rand(T, D, **tkwargs)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        conditioned = model.condition_on_observations(Xq, Yq)
+        post = conditioned.posterior(Xs)
+        post.mean, post.variance  # noqa: B018 (force evaluation)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:] if repeats > 2 else times)
+
+
+def build(kind, n, tkwargs):
+    X, Y = data(n, tkwargs)
+    if kind == "wiski":
+        model = WiskiGP(X, Y, grid_size=GRID, covar_module=RBFKernel(ard_num_dims=D))
+    elif kind == "exact":
+        model = SingleTaskGP(X, Y, covar_module=RBFKernel(ard_num_dims=D), outcome_transform=None)
+    else:
+        base = RBFKernel(ard_num_dims=D)
+        kernel = GridInterpolationKernel(base, grid_size=GRID, num_dims=D, grid_bounds=[(0, 1)] * D)
+        model = SingleTaskGP(X, Y, covar_module=kernel, outcome_transform=None)
+    kernel = model.covar_module
+    (kernel.base_kernel if kind == "gpytorch_ski" else kernel).lengthscale = LENGTHSCALE
+    model.likelihood.noise = NOISE
+    model.eval()
+    model.posterior(X[:2]).variance  # noqa: B018 (warm the prediction caches)
+    return model
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args()
+    tkwargs = {"dtype": torch.float64, "device": torch.device(args.device)}
+    torch.manual_seed(0)
+    sizes = {
+        "wiski": [100, 1000, 10_000, 100_000, 1_000_000],
+        "exact": [100, 1000, 2000, 4000],
+        "gpytorch_ski": [100, 1000, 4000, 10_000],
+    }
+    repeats = {"wiski": 21, "exact": 7, "gpytorch_ski": 5}
+    if args.quick:
+        sizes = {k: [v for v in vs if v <= 1000] for k, vs in sizes.items()}
+    rows = []
+    torch.set_grad_enabled(False)  # all models: prediction caches without autograd graphs
+    for kind, ns in sizes.items():
+        for n in ns:
+            t_build = time.perf_counter()
+            model = build(kind, n, tkwargs)
+            t_build = time.perf_counter() - t_build
+            t = time_update(model, tkwargs, repeats[kind])
+            rows.append({"model": kind, "n": n, "median_ms": 1e3 * t, "build_s": t_build})
+            print(f"{kind:>13} n={n:>8}: {1e3 * t:9.2f} ms  (built in {t_build:.1f} s)", flush=True)
+            del model
+    frame = pd.DataFrame(rows)
+    med = {(r.model, r.n): r.median_ms for r in frame.itertuples()}
+    summary = {}
+    if ("wiski", 100_000) in med:
+        summary["wiski_t1e5_over_t1e2"] = med[("wiski", 100_000)] / med[("wiski", 100)]
+        summary["wiski_ms_n1e5"] = med[("wiski", 100_000)]
+    if ("exact", 4000) in med:
+        summary["exact_over_wiski_n4000"] = med[("exact", 4000)] / med[("wiski", 10_000)]
+    if ("gpytorch_ski", 4000) in med:
+        summary["gpytorch_ski_over_wiski_n4000"] = med[("gpytorch_ski", 4000)] / med[("wiski", 10_000)]
+    machine = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "device": args.device,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = "update_scaling" + ("_quick" if args.quick else "") + ("" if args.device == "cpu" else f"_{args.device}")
+    frame.to_csv(args.out / f"{stem}.csv", index=False)
+    (args.out / f"{stem}.json").write_text(
+        json.dumps({"machine": machine, "summary": summary, "rows": rows}, indent=2)
+    )
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
