@@ -106,7 +106,9 @@ def main():
     if ("exact", 4000) in med:
         summary["exact_over_wiski_n4000"] = med[("exact", 4000)] / med[("wiski", 10_000)]
     if ("gpytorch_ski", 4000) in med:
-        summary["gpytorch_ski_over_wiski_n4000"] = med[("gpytorch_ski", 4000)] / med[("wiski", 10_000)]
+        summary["gpytorch_ski_over_wiski_n4000"] = (
+            med[("gpytorch_ski", 4000)] / med[("wiski", 10_000)]
+        )
     machine = {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
@@ -115,7 +117,11 @@ def main():
         "device": args.device,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = "update_scaling" + ("_quick" if args.quick else "") + ("" if args.device == "cpu" else f"_{args.device}")
+    stem = (
+        "update_scaling"
+        + ("_quick" if args.quick else "")
+        + ("" if args.device == "cpu" else f"_{args.device}")
+    )
     frame.to_csv(args.out / f"{stem}.csv", index=False)
     (args.out / f"{stem}.json").write_text(
         json.dumps({"machine": machine, "summary": summary, "rows": rows}, indent=2)

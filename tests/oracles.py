@@ -106,7 +106,10 @@ class DenseSKIModel(Model, FantasizeMixin):
         )
         nb = torch.broadcast_shapes(old_noise.shape[:-1], noise_new.shape[:-1], batch)
         noise_all = torch.cat(
-            [old_noise.expand(*nb, old_noise.shape[-1]), noise_new.expand(*nb, noise_new.shape[-1])],
+            [
+                old_noise.expand(*nb, old_noise.shape[-1]),
+                noise_new.expand(*nb, noise_new.shape[-1]),
+            ],
             -1,
         )
         return DenseSKIModel(self.wiski, X_all, y_all, noise_all)

@@ -1,7 +1,8 @@
 r"""``make demo``: stream ~5,000 observations into WISKI and an exact BoTorch GP.
 
 Both models are fitted on an initial design, then absorb the rest of the stream in
-batches with fixed hyperparameters (the exact GP only up to ``--exact-max``): ``WiskiGP.observe`` (constant time in ``n``)
+batches with fixed hyperparameters (the exact GP only up to ``--exact-max``):
+``WiskiGP.observe`` (constant time in ``n``)
 versus ``SingleTaskGP.condition_on_observations`` (BoTorch's incremental exact
 update, whose cost grows with ``n``). Prints the time per observation and the test
 RMSE as the stream grows, and writes them to ``demo_results/stream.csv``.
@@ -37,7 +38,9 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser.add_argument("--batch", type=int, default=10, help="observations per update")
     parser.add_argument("--initial", type=int, default=200, help="initial design size")
     parser.add_argument(
-        "--exact-max", type=int, default=1500,
+        "--exact-max",
+        type=int,
+        default=1500,
         help="stop streaming into the exact GP at this n (its updates grow with n)",
     )
     parser.add_argument("--grid-size", type=int, default=32, help="WISKI grid points per dim")
@@ -59,8 +62,11 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     X_test, _, f_test = sample(1000)
 
     wiski = WiskiGP(
-        X0, Y0, grid_size=args.grid_size,
-        input_transform=Normalize(2, bounds=bounds), outcome_transform=Standardize(1),
+        X0,
+        Y0,
+        grid_size=args.grid_size,
+        input_transform=Normalize(2, bounds=bounds),
+        outcome_transform=Standardize(1),
     )
     fit_gpytorch_mll(WoodburyMarginalLogLikelihood(wiski.likelihood, wiski))
     exact = SingleTaskGP(
@@ -71,7 +77,9 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
 
     rows = []
     report_every = max(1, (args.n - args.initial) // args.batch // 10)
-    print(f"{'n':>6} {'WISKI ms/obs':>13} {'exact ms/obs':>13} {'WISKI RMSE':>11} {'exact RMSE':>11}")
+    print(
+        f"{'n':>6} {'WISKI ms/obs':>13} {'exact ms/obs':>13} {'WISKI RMSE':>11} {'exact RMSE':>11}"
+    )
     step, t_wiski, t_exact = 0, 0.0, 0.0
     n = exact_n = args.initial
     while n < args.n:

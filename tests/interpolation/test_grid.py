@@ -19,7 +19,9 @@ def test_grid_in_model_dtype_and_padded():
     spacing = 1.0 / (9 - 3)
     assert interp.grid[0][0].item() == pytest.approx(-spacing)
     assert interp.grid[0][-1].item() == pytest.approx(1 + spacing)
-    assert interp.grid[0][1].item() == pytest.approx(0.0) and interp.grid[0][-2].item() == pytest.approx(1.0)
+    assert interp.grid[0][1].item() == pytest.approx(0.0) and interp.grid[0][
+        -2
+    ].item() == pytest.approx(1.0)
 
 
 def test_flat_index_first_dimension_slowest():
@@ -29,7 +31,9 @@ def test_flat_index_first_dimension_slowest():
     W = interp.weights(target).to_dense()
     assert torch.allclose(W[0], torch.nn.functional.one_hot(torch.tensor(91), 216).to(DTYPE))
     assert torch.allclose(W[1], torch.nn.functional.one_hot(torch.tensor(62), 216).to(DTYPE))
-    assert torch.equal(points[1], torch.stack([interp.grid[0][0], interp.grid[1][0], interp.grid[2][1]]))
+    assert torch.equal(
+        points[1], torch.stack([interp.grid[0][0], interp.grid[1][0], interp.grid[2][1]])
+    )
 
 
 def test_interpolation_accuracy_and_partition_of_unity():
@@ -59,5 +63,7 @@ def test_sparse_products_match_dense():
 def test_bounds_check_names_argument_and_tolerates_roundoff():
     interp = make()
     interp.check_inside(torch.tensor([[1.0 + 1e-9, 0.0]], dtype=DTYPE), "X")
-    with pytest.raises(ValueError, match=r"Z has points outside grid_bounds in dimension\(s\) \[1\]"):
+    with pytest.raises(
+        ValueError, match=r"Z has points outside grid_bounds in dimension\(s\) \[1\]"
+    ):
         interp.check_inside(torch.tensor([[0.5, -0.1]], dtype=DTYPE), "Z")

@@ -54,7 +54,9 @@ def oracle_for(model: WiskiGP, X, Y, Yvar=None) -> DenseSKIModel:
     return DenseSKIModel(model, X, Y.squeeze(-1), noise)
 
 
-CASES = [(d, fixed, kernel) for d in (1, 2, 3) for fixed in (False, True) for kernel in ("rbf", "matern")]
+CASES = [
+    (d, fixed, kernel) for d in (1, 2, 3) for fixed in (False, True) for kernel in ("rbf", "matern")
+]
 
 
 @pytest.mark.parametrize("d,fixed_noise,kernel", CASES)
@@ -165,7 +167,9 @@ def test_fantasy_posterior_matches_oracle(fixed_noise):
     noise = torch.full((3, 2, 1), 0.02, dtype=DTYPE) if fixed_noise else None
     sampler = SobolQMCNormalSampler(torch.Size([5]), seed=1)
     fm = model.fantasize(Xf, sampler, observation_noise=noise)
-    fo = oracle.fantasize(Xf, SobolQMCNormalSampler(torch.Size([5]), seed=1), observation_noise=noise)
+    fo = oracle.fantasize(
+        Xf, SobolQMCNormalSampler(torch.Size([5]), seed=1), observation_noise=noise
+    )
     assert fm.batch_shape == fo.batch_shape == torch.Size([5, 3])
     Xs = torch.rand(3, 4, d, dtype=DTYPE)
     pm, po = fm.posterior(Xs), fo.posterior(Xs)
@@ -185,8 +189,14 @@ def _acquisitions(model, best_f, mc_points):
         return SobolQMCNormalSampler(torch.Size([n]), seed=3)
 
     return {
-        "qNIPV": (qNegIntegratedPosteriorVariance(model, mc_points=mc_points, sampler=sampler(1)), 2),
-        "qKG": (qKnowledgeGradient(model, num_fantasies=4, sampler=sampler(4), inner_sampler=sampler()), 2),
+        "qNIPV": (
+            qNegIntegratedPosteriorVariance(model, mc_points=mc_points, sampler=sampler(1)),
+            2,
+        ),
+        "qKG": (
+            qKnowledgeGradient(model, num_fantasies=4, sampler=sampler(4), inner_sampler=sampler()),
+            2,
+        ),
         "qLogEI": (qLogExpectedImprovement(model, best_f=best_f, sampler=sampler()), 3),
         "qUCB": (qUpperConfidenceBound(model, beta=2.0, sampler=sampler()), 3),
         "EI": (ExpectedImprovement(model, best_f=best_f), 1),
@@ -232,8 +242,11 @@ def test_transforms_frozen_after_construction():
     Y = 10 + 3 * torch.sin(X).sum(-1, keepdim=True)
     bounds = torch.tensor([[lo] * d, [hi] * d], dtype=DTYPE)
     model = WiskiGP(
-        X[:20], Y[:20], grid_size=14,
-        input_transform=Normalize(d, bounds=bounds), outcome_transform=Standardize(1),
+        X[:20],
+        Y[:20],
+        grid_size=14,
+        input_transform=Normalize(d, bounds=bounds),
+        outcome_transform=Standardize(1),
     )
     mean0, std0 = Y[:20].mean(), Y[:20].std()
     model.train()  # as fit_gpytorch_mll leaves it mid-fit: observe must still freeze

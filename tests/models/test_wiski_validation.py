@@ -51,17 +51,34 @@ OBSERVE_CASES = [
     ("outside grid", dict(X=OUTSIDE_X, Y=GOOD_Y), ValueError, "X has points outside grid_bounds"),
     ("Y rows", dict(X=GOOD_X, Y=torch.ones(3, 1, dtype=DTYPE)), ValueError, "Y has 3 rows"),
     ("Y outputs", dict(X=GOOD_X, Y=torch.ones(2, 2, dtype=DTYPE)), ValueError, "Y must have shape"),
-    ("X dims", dict(X=torch.rand(2, 3, dtype=DTYPE), Y=GOOD_Y), ValueError, "X must have last dimension 2"),
-    ("X batch", dict(X=torch.rand(1, 2, 2, dtype=DTYPE), Y=GOOD_Y), ValueError, "X must have shape q x d"),
+    (
+        "X dims",
+        dict(X=torch.rand(2, 3, dtype=DTYPE), Y=GOOD_Y),
+        ValueError,
+        "X must have last dimension 2",
+    ),
+    (
+        "X batch",
+        dict(X=torch.rand(1, 2, 2, dtype=DTYPE), Y=GOOD_Y),
+        ValueError,
+        "X must have shape q x d",
+    ),
     ("dtype", dict(X=GOOD_X.float(), Y=GOOD_Y.float()), TypeError, "X has dtype torch.float32"),
     ("device", dict(X=GOOD_X.to("meta"), Y=GOOD_Y), TypeError, "X is on meta"),
     ("not tensor", dict(X=[[0.5, 0.5]], Y=GOOD_Y), TypeError, "X must be a torch.Tensor"),
     ("int dtype", dict(X=GOOD_X, Y=GOOD_Y.long()), TypeError, "Y must have a floating dtype"),
-    ("Yvar for learned noise", dict(X=GOOD_X, Y=GOOD_Y, Yvar=GOOD_Y), ValueError, "Yvar must be None"),
+    (
+        "Yvar for learned noise",
+        dict(X=GOOD_X, Y=GOOD_Y, Yvar=GOOD_Y),
+        ValueError,
+        "Yvar must be None",
+    ),
 ]
 
 
-@pytest.mark.parametrize("case,kwargs,error,match", OBSERVE_CASES, ids=[c[0] for c in OBSERVE_CASES])
+@pytest.mark.parametrize(
+    "case,kwargs,error,match", OBSERVE_CASES, ids=[c[0] for c in OBSERVE_CASES]
+)
 def test_observe_rejects_bad_input(model, case, kwargs, error, match):
     snap = _snapshot(model)
     with pytest.raises(error, match=match):
@@ -71,10 +88,25 @@ def test_observe_rejects_bad_input(model, case, kwargs, error, match):
 
 FIXED_CASES = [
     ("missing Yvar", dict(X=GOOD_X, Y=GOOD_Y), ValueError, "Yvar is required"),
-    ("zero Yvar", dict(X=GOOD_X, Y=GOOD_Y, Yvar=torch.zeros(2, 1, dtype=DTYPE)), ValueError, "Yvar must be strictly positive"),
-    ("negative Yvar", dict(X=GOOD_X, Y=GOOD_Y, Yvar=-GOOD_Y), ValueError, "Yvar must be strictly positive"),
+    (
+        "zero Yvar",
+        dict(X=GOOD_X, Y=GOOD_Y, Yvar=torch.zeros(2, 1, dtype=DTYPE)),
+        ValueError,
+        "Yvar must be strictly positive",
+    ),
+    (
+        "negative Yvar",
+        dict(X=GOOD_X, Y=GOOD_Y, Yvar=-GOOD_Y),
+        ValueError,
+        "Yvar must be strictly positive",
+    ),
     ("nan Yvar", dict(X=GOOD_X, Y=GOOD_Y, Yvar=INF_Y), ValueError, "Yvar contains NaN"),
-    ("Yvar shape", dict(X=GOOD_X, Y=GOOD_Y, Yvar=torch.ones(1, 1, dtype=DTYPE)), ValueError, "Yvar must have the shape of Y"),
+    (
+        "Yvar shape",
+        dict(X=GOOD_X, Y=GOOD_Y, Yvar=torch.ones(1, 1, dtype=DTYPE)),
+        ValueError,
+        "Yvar must have the shape of Y",
+    ),
 ]
 
 

@@ -70,7 +70,9 @@ class InterpolationWeights:
     def t_matvec(self, vec: Tensor) -> Tensor:
         r"""``W^T vec`` for ``vec`` of shape ``N`` (unbatched weights only)."""
         out = vec.new_zeros(self.num_grid)
-        return out.index_add_(0, self.indices.reshape(-1), (self.values * vec.unsqueeze(-1)).reshape(-1))
+        return out.index_add_(
+            0, self.indices.reshape(-1), (self.values * vec.unsqueeze(-1)).reshape(-1)
+        )
 
     def weighted_gram(self, weights: Tensor) -> Tensor:
         r"""``W^T diag(weights) W`` as a dense ``m x m`` matrix (unbatched weights only).
@@ -161,11 +163,12 @@ class CubicGridInterpolation:
         tol = self.BOUNDS_RTOL * (hi - lo)
         outside = (X < lo - tol) | (X > hi + tol)
         if outside.any():
+            flat = X.reshape(-1, X.shape[-1])
             dims = outside.reshape(-1, X.shape[-1]).any(0).nonzero().flatten().tolist()
             raise ValueError(
                 f"{name} has points outside grid_bounds in dimension(s) {dims} "
-                f"(bounds {self.bounds.tolist()}; observed min {X.reshape(-1, X.shape[-1]).min(0).values.tolist()}, "
-                f"max {X.reshape(-1, X.shape[-1]).max(0).values.tolist()}). Normalize inputs "
+                f"(bounds {self.bounds.tolist()}; observed min {flat.min(0).values.tolist()}, "
+                f"max {flat.max(0).values.tolist()}). Normalize inputs "
                 "into grid_bounds or build the model with wider grid_bounds."
             )
 

@@ -81,9 +81,7 @@ def grid_kernel_root(covar_module: Kernel, grid: list[Tensor]) -> Tensor:
         hyperparameters.
     """
     if _is_separable(covar_module):
-        factors = [
-            covar_module(_axis_points(grid, i)).to_dense() for i in range(len(grid))
-        ]
+        factors = [covar_module(_axis_points(grid, i)).to_dense() for i in range(len(grid))]
         diag = factors[0][0, 0]
         root = jittered_cholesky(factors[0])
         for K_i in factors[1:]:

@@ -171,9 +171,9 @@ class LowRankCorrection:
         V_new = torch.linalg.solve_triangular(L_S, U_tilde.mT, upper=False).mT
         prior_mean = W_q.dot(posterior.mean) + (VtU.mT @ self.gamma.unsqueeze(-1)).squeeze(-1)
         residual = y - prior_mean
-        gamma_new = torch.linalg.solve_triangular(
-            L_S, residual.unsqueeze(-1), upper=False
-        ).squeeze(-1)
+        gamma_new = torch.linalg.solve_triangular(L_S, residual.unsqueeze(-1), upper=False).squeeze(
+            -1
+        )
         batch = torch.broadcast_shapes(self.V.shape[:-2], V_new.shape[:-2])
         V = torch.cat(
             [self.V.expand(*batch, *self.V.shape[-2:]), V_new.expand(*batch, *V_new.shape[-2:])],
@@ -189,7 +189,9 @@ class LowRankCorrection:
         )
         return LowRankCorrection(V=V, gamma=gamma)
 
-    def predict(self, posterior: GridPosterior, W_star: InterpolationWeights) -> tuple[Tensor, Tensor]:
+    def predict(
+        self, posterior: GridPosterior, W_star: InterpolationWeights
+    ) -> tuple[Tensor, Tensor]:
         r"""Joint posterior mean and covariance at ``batch x t`` test points.
 
         Returns:

@@ -115,7 +115,8 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         >>> X = torch.rand(200, 2, dtype=torch.float64)
         >>> Y = torch.sin(6 * X).sum(-1, keepdim=True)
         >>> model = WiskiGP(X, Y, grid_size=30, outcome_transform=Standardize(1))
-        >>> model.observe(torch.rand(3, 2, dtype=torch.float64), torch.randn(3, 1, dtype=torch.float64))
+        >>> X_new = torch.rand(3, 2, dtype=torch.float64)
+        >>> model.observe(X_new, torch.sin(6 * X_new).sum(-1, keepdim=True))
         >>> posterior = model.posterior(torch.rand(5, 2, dtype=torch.float64))
     """
 
@@ -142,7 +143,9 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
                 f"train_X must have shape n x d (batched models are not supported), "
                 f"got {tuple(train_X.shape)}."
             )
-        check_targets(check_tensor(train_Y, "train_Y", like=train_X, min_dim=2), "train_Y", len(train_X))
+        check_targets(
+            check_tensor(train_Y, "train_Y", like=train_X, min_dim=2), "train_Y", len(train_X)
+        )
         if train_Yvar is not None:
             check_tensor(train_Yvar, "train_Yvar", like=train_X, min_dim=2)
             if train_Yvar.shape != train_Y.shape:
@@ -244,12 +247,17 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
     def _apply(self, fn, *args, **kwargs):
         # Device/dtype moves: statistics are buffers; the grid and caches follow.
         super()._apply(fn, *args, **kwargs)
-        self.interpolation = self.interpolation.to(device=self.stat_b.device, dtype=self.stat_b.dtype)
+        self.interpolation = self.interpolation.to(
+            device=self.stat_b.device, dtype=self.stat_b.dtype
+        )
         self._invalidate()
         return self
 
     def _statistics(self) -> dict[str, Tensor]:
-        return {k: getattr(self, f"stat_{k}") for k in ("A", "b", "c", "n", "sum_log_noise", "sum_noise")}
+        return {
+            k: getattr(self, f"stat_{k}")
+            for k in ("A", "b", "c", "n", "sum_log_noise", "sum_noise")
+        }
 
     def _set_statistics(self, stats: dict[str, Tensor]) -> None:
         for key, value in stats.items():
@@ -484,7 +492,9 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         if Yvar is not None:
             check_tensor(Yvar, "Yvar", like=self.stat_b, min_dim=2)
             if Yvar.shape != Y.shape:
-                raise ValueError(f"Yvar must have the shape of Y {tuple(Y.shape)}, got {tuple(Yvar.shape)}.")
+                raise ValueError(
+                    f"Yvar must have the shape of Y {tuple(Y.shape)}, got {tuple(Yvar.shape)}."
+                )
             check_positive(Yvar, "Yvar")
         X_t, Y_t, Yvar_t = self._transform_new_data(X, Y, Yvar)
         self.interpolation.check_inside(X_t, "X")

@@ -56,20 +56,18 @@ def check_tensor(
 def check_positive(value: Tensor, name: str) -> Tensor:
     r"""Check that every entry of ``value`` is strictly positive."""
     if not (value > 0).all():
-        raise ValueError(f"{name} must be strictly positive (noise variances); got min {value.min().item():.3g}.")
+        raise ValueError(
+            f"{name} must be strictly positive (noise variances); got min {value.min().item():.3g}."
+        )
     return value
 
 
 def check_targets(Y: Tensor, name: str, num_points: int, batch_ok: bool = False) -> Tensor:
     r"""Check a ``... x n x 1`` target tensor against ``num_points`` rows."""
     if Y.dim() < 2 or Y.shape[-1] != 1:
-        raise ValueError(
-            f"{name} must have shape n x 1 (single output), got {tuple(Y.shape)}."
-        )
+        raise ValueError(f"{name} must have shape n x 1 (single output), got {tuple(Y.shape)}.")
     if Y.shape[-2] != num_points:
-        raise ValueError(
-            f"{name} has {Y.shape[-2]} rows but the inputs have {num_points} points."
-        )
+        raise ValueError(f"{name} has {Y.shape[-2]} rows but the inputs have {num_points} points.")
     if not batch_ok and Y.dim() != 2:
         raise ValueError(f"{name} must be 2-dimensional (n x 1), got shape {tuple(Y.shape)}.")
     return Y
