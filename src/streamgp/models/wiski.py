@@ -307,8 +307,12 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         Includes data absorbed by ``condition_on_observations`` (unbatched only).
         """
         self._fold_conditioning()
+        return self._noise_weighted()
+
+    def _noise_weighted(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """The stored statistics weighted by the noise (the root model's data only)."""
         s = self._statistics()
-        if self.fixed_noise:
+        if self.fixed_noise:  # stored already weighted by 1 / Yvar
             return s["A"], s["b"], s["c"], s["n"], s["sum_log_noise"]
         s2 = self.noise_variance
         return s["A"] / s2, s["b"] / s2, s["c"] / s2, s["n"], s["n"] * s2.log()
@@ -320,7 +324,7 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         return int(self.stat_n.item()) + extra
 
     def _hyperparameters(self) -> list[Tensor]:
-        return [p for p in self.parameters()]
+        return list(self.parameters())
 
     def _caches_valid(self) -> bool:
         if self._grid_posterior is None or self._hyper_snapshot is None:
@@ -340,12 +344,7 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         if not self._caches_valid():
             log = self._conditioning_log
             with torch.no_grad():
-                s = self._statistics()
-                if self.fixed_noise:
-                    A, b = s["A"], s["b"]
-                else:
-                    s2 = self.noise_variance
-                    A, b = s["A"] / s2, s["b"] / s2
+                A, b, *_ = self._noise_weighted()
                 L_K = grid_kernel_root(self.covar_module, self.interpolation.grid)
                 self._grid_posterior = factorize(L_K, A, b)
                 self._hyper_snapshot = [p.detach().clone() for p in self._hyperparameters()]
