@@ -2,13 +2,14 @@
 
 import pytest
 import torch
+from gpytorch.utils.interpolation import Interpolation
 
 from streamgp.interpolation import CubicGridInterpolation
 
 DTYPE = torch.float64
 
 
-def make(d=2, g=9):
+def make(d=2, g=9):  # g: points per dimension, an int or one per dimension
     bounds = torch.stack([torch.zeros(d), torch.ones(d)]).to(DTYPE)
     return CubicGridInterpolation(bounds, g)
 
@@ -43,6 +44,28 @@ def test_interpolation_accuracy_and_partition_of_unity():
     assert torch.allclose(W.sum(-1), torch.ones(100, dtype=DTYPE))
     f = lambda Z: torch.sin(3 * Z[:, 0]) * torch.cos(2 * Z[:, 1])  # noqa: E731
     assert (W @ f(interp.grid_points()) - f(X)).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("d, grid_size", [(1, 7), (2, (5, 8)), (3, 6)])
+def test_weights_equal_gpytorch_interpolation(d, grid_size):
+    """Our vectorised weights reproduce gpytorch's ``Interpolation.interpolate``."""
+    interp = make(d=d, g=grid_size)
+    corners = torch.cartesian_prod(*[torch.tensor([0.0, 1.0], dtype=DTYPE)] * d).reshape(-1, d)
+    X = torch.cat([torch.rand(40, d, dtype=DTYPE), corners, interp.grid_points()[:5].clamp(0, 1)])
+    ours = interp.weights(X).to_dense()
+    indices, values = Interpolation().interpolate(interp.grid, X)
+    theirs = torch.zeros_like(ours).scatter_add_(-1, indices, values)
+    assert torch.allclose(ours, theirs, atol=1e-12)
+    # Batched inputs give the weights of the flattened points.
+    batched = interp.weights(X[:40].reshape(4, 10, d)).to_dense()
+    assert torch.allclose(batched.reshape(40, -1), ours[:40], atol=1e-14)
+
+
+def test_weights_differentiable_in_inputs():
+    interp = make(d=2, g=12)
+    X = torch.rand(6, 2, dtype=DTYPE, requires_grad=True)
+    v = torch.randn(interp.num_grid, dtype=DTYPE)
+    torch.autograd.gradcheck(lambda Z: interp.weights(Z).dot(v), (X,))
 
 
 def test_sparse_products_match_dense():

@@ -4,7 +4,7 @@ Structured kernel interpolation (Wilson & Nickisch, 2015) approximates
 ``k(x, x') ~ w(x)^T K_UU w(x')`` where ``U`` is a regular grid and ``w(x)`` holds
 the cubic-convolution weights of ``x`` on its ``4^d`` neighbouring grid points.
 This module builds the grid with :func:`gpytorch.utils.grid.create_grid` and the
-weights with :class:`gpytorch.utils.interpolation.Interpolation`, and wraps the
+weights with the cubic convolution kernel of gpytorch's ``Interpolation``, and wraps the
 result in :class:`InterpolationWeights`, a sparse ``N x m`` matrix that knows the
 products SKI models need without ever forming a dense ``N x m`` array.
 
@@ -14,6 +14,7 @@ The flat grid index puts the first input dimension slowest, matching
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -112,6 +113,9 @@ class CubicGridInterpolation:
         torch.Size([5, 400])
     """
 
+    #: Neighbour offsets relative to the left neighbour of a point, per dimension.
+    _NEIGHBOURS = torch.tensor([-1.0, 0.0, 1.0, 2.0])
+
     #: Relative tolerance on the bounds, so that round-off from input transforms
     #: (e.g. ``Normalize``) does not reject points that are on the boundary.
     BOUNDS_RTOL = 1e-6
@@ -142,6 +146,14 @@ class CubicGridInterpolation:
             sizes, padded, extend=False, device=bounds.device, dtype=bounds.dtype
         )
         self._interpolation = Interpolation()
+        tkwargs = {"device": bounds.device, "dtype": bounds.dtype}
+        self._grid_start = torch.tensor([axis[0].item() for axis in self.grid], **tkwargs)
+        self._grid_spacing = torch.tensor(
+            [(axis[1] - axis[0]).item() for axis in self.grid], **tkwargs
+        )
+        self._grid_sizes = torch.tensor(sizes, **tkwargs)
+        # Flat index stride of each dimension (first dimension slowest).
+        self._strides = [math.prod(sizes[i + 1 :]) for i in range(d)]
 
     @property
     def dim(self) -> int:
@@ -173,16 +185,37 @@ class CubicGridInterpolation:
             )
 
     def weights(self, X: Tensor) -> InterpolationWeights:
-        r"""Interpolation weights of ``batch_shape x N x d`` points (assumed inside bounds)."""
+        r"""Interpolation weights of ``batch_shape x N x d`` points (assumed inside bounds).
+
+        Vectorised over points and dimensions (no host synchronisation), with the
+        cubic convolution kernel of :class:`gpytorch.utils.interpolation.Interpolation`
+        and the same flat index (first dimension slowest); differentiable in ``X``.
+        """
         lo, hi = self.bounds[0], self.bounds[1]
         # Points within BOUNDS_RTOL of the box are clamped onto it; a no-op for
         # interior points, so gradients there are untouched.
         X = torch.maximum(torch.minimum(X, hi), lo)
-        flat = X.reshape(-1, X.shape[-1])
-        indices, values = self._interpolation.interpolate(self.grid, flat)
-        k = indices.shape[-1]
-        shape = (*X.shape[:-1], k)
-        return InterpolationWeights(indices.reshape(shape), values.reshape(shape), self.num_grid)
+        # Position in grid units. Inside the bounds the left neighbour `base` lies
+        # in [1, g - 2]; capping it at g - 3 keeps the four neighbours base - 1 ..
+        # base + 2 on the grid for points exactly on the upper bound (their offset
+        # becomes 1, where the kernel puts all weight on grid point g - 2).
+        position = (X - self._grid_start) / self._grid_spacing
+        base = position.detach().floor().clamp(min=torch.ones_like(self._grid_spacing))
+        base = torch.minimum(base, self._grid_sizes - 3)
+        offset = position - base
+        # Signed distances to the neighbours base - 1, base, base + 1, base + 2.
+        distances = offset.unsqueeze(-1) - self._NEIGHBOURS.to(offset)
+        per_dim_values = self._interpolation._cubic_interpolation_kernel(distances)
+        per_dim_indices = base.long().unsqueeze(-1) + self._NEIGHBOURS.to(base.device).long()
+        # Tensor product over dimensions, first dimension's neighbour slowest.
+        values = per_dim_values[..., 0, :]
+        indices = per_dim_indices[..., 0, :] * self._strides[0]
+        for i in range(1, self.dim):
+            values = (values.unsqueeze(-1) * per_dim_values[..., i, None, :]).flatten(-2)
+            indices = (
+                indices.unsqueeze(-1) + per_dim_indices[..., i, None, :] * self._strides[i]
+            ).flatten(-2)
+        return InterpolationWeights(indices, values, self.num_grid)
 
     def to(self, device: torch.device | None = None, dtype: torch.dtype | None = None):
         r"""Return a copy on another device and/or dtype."""
