@@ -39,10 +39,15 @@ def test_kronecker_root_matches_dense_kernel():
     interp, kernel, *_ = setup(d=3, g=6)
     with torch.no_grad():
         K = grid_kernel_matrix(kernel, interp.grid)
-        L = grid_kernel_root(kernel, interp.grid)
+        root = grid_kernel_root(kernel, interp.grid)
+        assert len(root.factors) == 3  # Kronecker form for the separable RBF kernel
+        L = root.to_dense()
         assert (L @ L.T - K).abs().max() < 1e-9
+        M = torch.randn(root.num_grid, 4, dtype=DTYPE)
+        assert torch.allclose(root.matmul(M), L @ M) and torch.allclose(root.t_matmul(M), L.T @ M)
+        assert torch.allclose(root.t_matmul(M[:, 0]), L.T @ M[:, 0])
         matern = ScaleKernel(MaternKernel(ard_num_dims=3)).to(DTYPE)
-        L2 = grid_kernel_root(matern, interp.grid)
+        L2 = grid_kernel_root(matern, interp.grid).to_dense()
         assert (L2 @ L2.T - grid_kernel_matrix(matern, interp.grid)).abs().max() < 1e-9
 
 

@@ -1,6 +1,11 @@
 """Shared numerical kernels: grid kernel roots and grid-space Woodbury algebra."""
 
-from streamgp.linalg.grid_kernel import grid_kernel_matrix, grid_kernel_root, jittered_cholesky
+from streamgp.linalg.grid_kernel import (
+    GridKernelRoot,
+    grid_kernel_matrix,
+    grid_kernel_root,
+    jittered_cholesky,
+)
 from streamgp.linalg.woodbury import (
     GridPosterior,
     LowRankCorrection,
@@ -11,6 +16,7 @@ from streamgp.linalg.woodbury import (
 )
 
 __all__ = [
+    "GridKernelRoot",
     "GridPosterior",
     "LowRankCorrection",
     "factorize",

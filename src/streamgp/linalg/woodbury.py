@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from streamgp.interpolation.grid import InterpolationWeights
+from streamgp.linalg.grid_kernel import GridKernelRoot
 
 
 @dataclass(frozen=True)
@@ -49,31 +50,32 @@ class GridPosterior:
     mean: Tensor
 
 
-def _cholesky_C(L_K: Tensor, A: Tensor) -> Tensor:
+def _cholesky_C(L_K: GridKernelRoot, A: Tensor) -> Tensor:
     """Cholesky factor of ``C = I + L_K^T A L_K`` (eigenvalues >= 1, so no jitter)."""
-    eye = torch.eye(L_K.shape[-1], dtype=L_K.dtype, device=L_K.device)
-    return torch.linalg.cholesky(eye + L_K.mT @ A @ L_K)
+    eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+    # A is symmetric, so L_K^T A L_K = L_K^T (L_K^T A)^T: two structured products.
+    return torch.linalg.cholesky(eye + L_K.t_matmul(L_K.t_matmul(A).mT))
 
 
-def factorize(L_K: Tensor, A: Tensor, b: Tensor) -> GridPosterior:
+def factorize(L_K: GridKernelRoot, A: Tensor, b: Tensor) -> GridPosterior:
     r"""Build the grid posterior from a kernel root and noise-weighted statistics.
 
     Cost ``O(m^3)``, independent of ``n``.
 
     Args:
-        L_K: ``m x m`` root of ``K_UU``.
+        L_K: Root of ``K_UU``.
         A: ``m x m`` noise-weighted ``W^T Lambda^{-1} W``.
         b: ``m`` noise-weighted ``W^T Lambda^{-1} y``.
     """
     L_C = _cholesky_C(L_K, A)
     # R^T = L_C^{-1} L_K^T, a triangular solve instead of an explicit inverse.
-    R_t = torch.linalg.solve_triangular(L_C, L_K.mT, upper=False)
+    R_t = torch.linalg.solve_triangular(L_C, L_K.to_dense().mT, upper=False)
     root = R_t.mT
     return GridPosterior(root=root, mean=root @ (R_t @ b))
 
 
 def log_marginal_likelihood(
-    L_K: Tensor, A: Tensor, b: Tensor, c: Tensor, n: Tensor, sum_log_noise: Tensor
+    L_K: GridKernelRoot, A: Tensor, b: Tensor, c: Tensor, n: Tensor, sum_log_noise: Tensor
 ) -> Tensor:
     r"""Exact SKI ``log p(y)`` from noise-weighted statistics; differentiable.
 
@@ -81,7 +83,7 @@ def log_marginal_likelihood(
     ``O(m^3)`` time whatever ``n`` is.
     """
     L_C = _cholesky_C(L_K, A)
-    v = torch.linalg.solve_triangular(L_C, (L_K.mT @ b).unsqueeze(-1), upper=False).squeeze(-1)
+    v = torch.linalg.solve_triangular(L_C, L_K.t_matmul(b.unsqueeze(-1)), upper=False).squeeze(-1)
     logdet_C = 2.0 * L_C.diagonal(dim1=-2, dim2=-1).log().sum(-1)
     quad = c - (v * v).sum(-1)
     return -0.5 * (quad + logdet_C + sum_log_noise + n * math.log(2.0 * math.pi))
