@@ -1,0 +1,243 @@
+r"""Surrogates: one interface over streamgp and BoTorch models for the loops.
+
+A loop needs four things from a model, whatever it is: build it on an initial
+design, absorb a new batch, refit hyperparameters (warm-started from the current
+ones), and expose a BoTorch :class:`~botorch.models.model.Model` for acquisition
+functions. :class:`Surrogate` is that interface; :func:`make_surrogate` builds one
+by name (``"wiski"``, ``"exact"``).
+
+- :class:`WiskiSurrogate` absorbs a batch with :meth:`WiskiGP.observe` (constant
+  time in ``n``) and refits on :class:`WoodburyMarginalLogLikelihood` (also constant
+  in ``n``); it stores no data.
+- :class:`ExactSurrogate` is what a BoTorch user does today: keep all data and
+  rebuild a :class:`~botorch.models.SingleTaskGP` after each batch, warm-starting
+  its hyperparameters (``O(n^3)`` per step).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from botorch.fit import fit_gpytorch_mll
+from botorch.models import SingleTaskGP
+from botorch.models.model import Model
+from botorch.models.transforms.outcome import Standardize
+from gpytorch.kernels import Kernel
+from gpytorch.mlls import ExactMarginalLogLikelihood
+from torch import Tensor
+
+from streamgp.mlls import WoodburyMarginalLogLikelihood
+from streamgp.models import WiskiGP
+
+#: Builds the covariance module for a given input dimension (``None``: the model's default).
+KernelFactory = Callable[[int], Kernel]
+
+
+class Surrogate(ABC):
+    r"""A model the loops can build, update, refit and hand to BoTorch.
+
+    Args:
+        train_X: ``n x d`` initial inputs (in the unit cube for the loops).
+        train_Y: ``n x 1`` initial targets.
+        train_Yvar: Optional ``n x 1`` known observation noise variances.
+        kernel_factory: Optional ``d -> Kernel``; the model's default kernel otherwise.
+    """
+
+    #: Registry name (``make_surrogate``).
+    name: str = ""
+
+    def __init__(
+        self,
+        train_X: Tensor,
+        train_Y: Tensor,
+        train_Yvar: Tensor | None = None,
+        *,
+        kernel_factory: KernelFactory | None = None,
+    ) -> None:
+        self.fixed_noise = train_Yvar is not None
+        self.kernel_factory = kernel_factory
+
+    @property
+    @abstractmethod
+    def model(self) -> Model:
+        r"""The current BoTorch model, in eval mode."""
+
+    @abstractmethod
+    def update(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> None:
+        r"""Absorb a batch of observations."""
+
+    @abstractmethod
+    def fit(self, max_iter: int | None = None) -> None:
+        r"""Refit the hyperparameters by L-BFGS-B, warm-started from the current ones."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        r"""Everything needed to resume (with :meth:`load_state_dict`)."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        r"""Restore the state saved by :meth:`state_dict`."""
+
+    def _covar_module(self, dim: int) -> Kernel | None:
+        return None if self.kernel_factory is None else self.kernel_factory(dim)
+
+
+def _fit(mll, max_iter: int | None) -> None:
+    options = {} if max_iter is None else {"options": {"maxiter": int(max_iter)}}
+    fit_gpytorch_mll(mll, optimizer_kwargs=options)
+    mll.model.eval()
+
+
+class WiskiSurrogate(Surrogate):
+    r""":class:`WiskiGP` with constant-time updates and refits.
+
+    The outcome is standardised with the statistics of the initial design, then
+    frozen (``WiskiGP`` freezes its transforms).
+
+    Args:
+        grid_size: Grid points per dimension (``None``: ``WiskiGP``'s default).
+        **kwargs: As :class:`Surrogate`.
+
+    Example:
+        >>> X = torch.rand(5, 2, dtype=torch.float64)
+        >>> s = WiskiSurrogate(X, X.sum(-1, keepdim=True), grid_size=12)
+        >>> s.update(torch.rand(3, 2, dtype=torch.float64), torch.rand(3, 1, dtype=torch.float64))
+        >>> s.model.num_train
+        8
+    """
+
+    name = "wiski"
+
+    def __init__(
+        self,
+        train_X: Tensor,
+        train_Y: Tensor,
+        train_Yvar: Tensor | None = None,
+        *,
+        kernel_factory: KernelFactory | None = None,
+        grid_size: int | None = None,
+    ) -> None:
+        super().__init__(train_X, train_Y, train_Yvar, kernel_factory=kernel_factory)
+        self._model = WiskiGP(
+            train_X,
+            train_Y,
+            train_Yvar,
+            grid_size=grid_size,
+            covar_module=self._covar_module(train_X.shape[-1]),
+            outcome_transform=Standardize(m=1),
+        )
+        self._model.eval()
+
+    @property
+    def model(self) -> WiskiGP:
+        return self._model
+
+    def update(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> None:
+        self._model.observe(X, Y, Yvar)
+
+    def fit(self, max_iter: int | None = None) -> None:
+        _fit(WoodburyMarginalLogLikelihood(self._model.likelihood, self._model), max_iter)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self._model.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._model.load_state_dict(state["model"])
+        self._model.eval()
+
+
+class ExactSurrogate(Surrogate):
+    r"""BoTorch's exact :class:`SingleTaskGP`, rebuilt on all data after each batch.
+
+    Hyperparameters are warm-started from the previous model; the outcome
+    ``Standardize`` transform is refitted to all data on each rebuild, as
+    ``SingleTaskGP`` does by default.
+
+    Example:
+        >>> X = torch.rand(5, 2, dtype=torch.float64)
+        >>> s = ExactSurrogate(X, X.sum(-1, keepdim=True))
+        >>> s.update(torch.rand(3, 2, dtype=torch.float64), torch.rand(3, 1, dtype=torch.float64))
+        >>> s.model.train_inputs[0].shape
+        torch.Size([8, 2])
+    """
+
+    name = "exact"
+
+    def __init__(
+        self,
+        train_X: Tensor,
+        train_Y: Tensor,
+        train_Yvar: Tensor | None = None,
+        *,
+        kernel_factory: KernelFactory | None = None,
+    ) -> None:
+        super().__init__(train_X, train_Y, train_Yvar, kernel_factory=kernel_factory)
+        self.X, self.Y, self.Yvar = train_X, train_Y, train_Yvar
+        self._model = self._build(hyperparameters=None)
+
+    def _build(self, hyperparameters: dict[str, Tensor] | None) -> SingleTaskGP:
+        model = SingleTaskGP(
+            self.X,
+            self.Y,
+            self.Yvar,
+            covar_module=self._covar_module(self.X.shape[-1]),
+            outcome_transform=Standardize(m=1),
+        )
+        if hyperparameters is not None:
+            model.load_state_dict(hyperparameters, strict=False)
+        return model.eval()
+
+    def _hyperparameters(self) -> dict[str, Tensor]:
+        # The outcome transform's statistics are data, not hyperparameters: they
+        # are refitted by the rebuild; fixed noise levels are data too.
+        return {
+            key: value
+            for key, value in self._model.state_dict().items()
+            if not key.startswith("outcome_transform") and "noise_covar.noise" not in key
+        }
+
+    @property
+    def model(self) -> SingleTaskGP:
+        return self._model
+
+    def update(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> None:
+        if (Yvar is None) == self.fixed_noise:
+            raise ValueError("Yvar must be given exactly when the surrogate has fixed noise.")
+        self.X = torch.cat([self.X, X])
+        self.Y = torch.cat([self.Y, Y])
+        if Yvar is not None:
+            self.Yvar = torch.cat([self.Yvar, Yvar])
+        self._model = self._build(self._hyperparameters())
+
+    def fit(self, max_iter: int | None = None) -> None:
+        _fit(ExactMarginalLogLikelihood(self._model.likelihood, self._model), max_iter)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"X": self.X, "Y": self.Y, "Yvar": self.Yvar, "model": self._hyperparameters()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.X, self.Y, self.Yvar = state["X"], state["Y"], state["Yvar"]
+        self._model = self._build(state["model"])
+
+
+SURROGATES: dict[str, type[Surrogate]] = {cls.name: cls for cls in (WiskiSurrogate, ExactSurrogate)}
+
+
+def make_surrogate(
+    name: str,
+    train_X: Tensor,
+    train_Y: Tensor,
+    train_Yvar: Tensor | None = None,
+    **options: Any,
+) -> Surrogate:
+    r"""Build the surrogate registered as ``name`` (see ``SURROGATES``).
+
+    Raises:
+        ValueError: ``name`` is not registered (the message lists the choices).
+    """
+    if name not in SURROGATES:
+        raise ValueError(f"model must be one of {sorted(SURROGATES)}, got {name!r}.")
+    return SURROGATES[name](train_X, train_Y, train_Yvar, **options)

@@ -1,0 +1,105 @@
+"""Bayesian-optimisation loop: end to end per model and acquisition, resume, errors."""
+
+import pytest
+import torch
+
+from streamgp.loops import AcquisitionOptions, BayesOptLoop, make_test_function
+
+TINY = AcquisitionOptions(num_restarts=2, raw_samples=16, batch_limit=2, maxiter=5)
+MODEL_OPTIONS = {"wiski": {"grid_size": 6}, "exact": {}}
+
+
+def make_loop(model="wiski", acquisition="qucb", q=3, seed=0, **kwargs):
+    return BayesOptLoop(
+        make_test_function("levy", dim=3),
+        model=model,
+        acquisition=acquisition,
+        q=q,
+        num_init=5,
+        fit_max_iter=5,
+        acquisition_options=TINY,
+        model_options=MODEL_OPTIONS[model],
+        seed=seed,
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize("model", ["wiski", "exact"])
+@pytest.mark.parametrize(
+    "acquisition, q",
+    [("qucb", 3), ("ei", 1), ("qei", 2), ("qlogei", 2), ("qnipv", 2), ("random", 3)],
+)
+def test_loop_runs_end_to_end(model, acquisition, q):
+    loop = make_loop(model, acquisition, q)
+    history = loop.run(2)
+    assert list(history["step"]) == [0, 1, 2]
+    assert list(history["num_observations"]) == [5, 5 + q, 5 + 2 * q]
+    best = history["best_value"].to_numpy()
+    assert (best[1:] >= best[:-1]).all()
+    # Levy (negated) has optimum 0: regret is the gap to it and never negative.
+    assert (history["regret"] >= -1e-9).all()
+    assert torch.allclose(
+        torch.tensor(history["regret"] + history["best_value"]), torch.zeros(3, dtype=torch.float64)
+    )
+    for column in ("fit_time", "acquisition_time", "update_time", "step_time", "cumulative_time"):
+        assert (history[column] >= 0).all()
+    assert history["acquisition_time"].iloc[0] == 0.0
+    if acquisition != "random":
+        assert (history["acquisition_time"].iloc[1:] > 0).all()
+
+
+def test_wiski_absorbs_batches_without_storing_data():
+    loop = make_loop("wiski")
+    loop.run(2)
+    model = loop.surrogate.model
+    assert model.num_train == 11
+    assert not any(t.shape[0] == 11 for t in model.state_dict().values() if t.dim())
+
+
+def test_seeded_runs_are_reproducible_and_leave_global_rng_alone():
+    torch.manual_seed(123)
+    expected_next = torch.rand(1)
+    torch.manual_seed(123)
+    first = make_loop(seed=7).run(2)
+    assert torch.equal(torch.rand(1), expected_next)
+    second = make_loop(seed=7).run(2)
+    other = make_loop(seed=8).run(2)
+    assert first["best_value"].tolist() == second["best_value"].tolist()
+    assert first["best_value"].tolist() != other["best_value"].tolist()
+
+
+@pytest.mark.parametrize("model", ["wiski", "exact"])
+def test_resume_from_checkpoint_reproduces_uninterrupted_run(tmp_path, model):
+    columns = ["step", "num_observations", "best_value", "best_observed"]
+    full = make_loop(model).run(4)
+    path = tmp_path / "bo.pt"
+    make_loop(model).run(2, checkpoint=path)
+    resumed = make_loop(model).load(path)
+    assert len(resumed.history) == 3
+    history = resumed.run(4)
+    assert history[columns].equals(full[columns])
+
+
+def test_checkpoint_with_other_settings_is_rejected(tmp_path):
+    path = tmp_path / "bo.pt"
+    make_loop().run(1, checkpoint=path)
+    with pytest.raises(ValueError, match="settings"):
+        make_loop(acquisition="random").load(path)
+
+
+def test_bad_arguments_name_themselves():
+    with pytest.raises(ValueError, match="model must be one of"):
+        BayesOptLoop(make_test_function("levy"), model="nope")
+    with pytest.raises(ValueError, match="acquisition must be one of"):
+        BayesOptLoop(make_test_function("levy"), acquisition="pi")
+    with pytest.raises(ValueError, match="needs q=1"):
+        BayesOptLoop(make_test_function("levy"), acquisition="ei", q=3)
+    with pytest.raises(ValueError, match="function must be one of"):
+        make_test_function("branin2")
+    with pytest.raises(ValueError, match="num_init"):
+        BayesOptLoop(make_test_function("levy"), num_init=0)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="cuda"):
+            BayesOptLoop(make_test_function("levy"), device="cuda")
+    with pytest.raises(ValueError, match="num_steps"):
+        make_loop().run(-1)
