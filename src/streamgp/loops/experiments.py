@@ -1,0 +1,213 @@
+r"""Experiment runners behind ``streamgp bo`` and ``streamgp active``.
+
+A runner repeats a loop for several models and trials, writes one long-format CSV
+(a row per step, with ``model`` and ``trial`` columns), checkpoints each run so an
+interrupted experiment resumes where it stopped, and draws the figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from gpytorch.kernels import MaternKernel, ScaleKernel
+from gpytorch.priors import GammaPrior
+from torch import Tensor
+
+from streamgp.loops.acquisition import AcquisitionOptions
+from streamgp.loops.active import ActiveLearningLoop
+from streamgp.loops.bo import BayesOptLoop, make_test_function
+
+
+def malaria_kernel(dim: int) -> ScaleKernel:
+    r"""The WISKI paper's malaria kernel (appendix C.3): scaled ARD Matern-1/2,
+    lengthscale prior Gamma(3, 6), outputscale prior Gamma(2, 0.15)."""
+    return ScaleKernel(
+        MaternKernel(nu=0.5, ard_num_dims=dim, lengthscale_prior=GammaPrior(3.0, 6.0)),
+        outputscale_prior=GammaPrior(2.0, 0.15),
+    )
+
+
+def _run(loop, steps: int, checkpoint: Path | None, resume: bool, progress: bool):
+    if checkpoint is not None and resume and checkpoint.exists():
+        loop.load(checkpoint)
+    return loop.run(steps, checkpoint=checkpoint, progress=progress)
+
+
+def run_bo_experiment(
+    function: str = "levy",
+    *,
+    models: Sequence[str] = ("wiski", "exact"),
+    acquisition: str = "qucb",
+    steps: int = 100,
+    max_steps: dict[str, int] | None = None,
+    trials: int = 1,
+    dim: int = 3,
+    noise_std: float | None = None,
+    q: int = 3,
+    num_init: int = 5,
+    fit_every: int = 1,
+    fit_max_iter: int | None = None,
+    acquisition_options: AcquisitionOptions | None = None,
+    model_options: dict[str, dict[str, Any]] | None = None,
+    device: str = "cpu",
+    out: str | Path | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    plots: bool = True,
+) -> pd.DataFrame:
+    r"""BO on a noisy test function with each model, ``trials`` seeds each.
+
+    Args:
+        function: Test function name (see ``TEST_FUNCTIONS``).
+        models: Surrogate names.
+        acquisition: Acquisition name.
+        steps: BO steps per run.
+        max_steps: Optional per-model cap on the steps (e.g. ``{"exact": 300}``).
+        trials: Seeds ``0 .. trials-1``; trial ``t`` uses the same seed for every model.
+        out: Directory for ``bo_<function>_<acquisition>.csv``, the PNG and checkpoints.
+        resume: Continue runs from their checkpoints in ``out``.
+        Other arguments: as :class:`~streamgp.loops.BayesOptLoop`.
+
+    Returns:
+        The long-format results (also written to ``out``).
+    """
+    out = None if out is None else Path(out)
+    frames = []
+    for trial in range(trials):
+        for model in models:
+            loop = BayesOptLoop(
+                make_test_function(function, dim=dim, noise_std=noise_std),
+                model=model,
+                acquisition=acquisition,
+                q=q,
+                num_init=num_init,
+                fit_every=fit_every,
+                fit_max_iter=fit_max_iter,
+                acquisition_options=acquisition_options,
+                model_options=(model_options or {}).get(model),
+                seed=trial,
+                device=device,
+            )
+            checkpoint = None
+            if out is not None:
+                checkpoint = out / "checkpoints" / f"bo_{function}_{acquisition}_{model}_{trial}.pt"
+            run_steps = min(steps, (max_steps or {}).get(model, steps))
+            history = _run(loop, run_steps, checkpoint, resume, progress)
+            frames.append(history.assign(model=model, trial=trial, function=function))
+    results = pd.concat(frames, ignore_index=True)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        stem = f"bo_{function}_{acquisition}"
+        results.to_csv(out / f"{stem}.csv", index=False)
+        if plots:
+            from streamgp.plotting import plot_bo
+
+            plot_bo(results, out / f"{stem}.png", title=f"{function} ({acquisition}, q={q})")
+    return results
+
+
+def run_active_experiment(
+    pool_X: Tensor,
+    pool_Y: Tensor,
+    test_X: Tensor,
+    test_Y: Tensor,
+    pool_Yvar: Tensor | None = None,
+    *,
+    name: str = "active",
+    models: Sequence[str] = ("wiski", "exact"),
+    acquisitions: Sequence[str] = ("qnipv", "random"),
+    steps: int = 100,
+    max_steps: dict[str, int] | None = None,
+    trials: int = 1,
+    q: int = 6,
+    num_init: int = 10,
+    num_mc_points: int = 256,
+    fit_every: int = 1,
+    fit_max_iter: int | None = None,
+    kernel_factory=None,
+    acquisition_options: AcquisitionOptions | None = None,
+    model_options: dict[str, dict[str, Any]] | None = None,
+    device: str = "cpu",
+    out: str | Path | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    plots: bool = True,
+) -> pd.DataFrame:
+    r"""Active learning on a pool/test split with each model and acquisition.
+
+    Writes ``<name>.csv`` (curves), ``<name>.png`` (RMSE and time per step) and
+    ``<name>_queries.png`` (map of the first trial's queries) to ``out``.
+    Other arguments: as :func:`run_bo_experiment` and
+    :class:`~streamgp.loops.ActiveLearningLoop`.
+    """
+    out = None if out is None else Path(out)
+    frames, chosen = [], {}
+    for trial in range(trials):
+        for model in models:
+            for acquisition in acquisitions:
+                loop = ActiveLearningLoop(
+                    pool_X,
+                    pool_Y,
+                    test_X,
+                    test_Y,
+                    pool_Yvar=pool_Yvar,
+                    model=model,
+                    acquisition=acquisition,
+                    q=q,
+                    num_init=num_init,
+                    num_mc_points=num_mc_points,
+                    fit_every=fit_every,
+                    fit_max_iter=fit_max_iter,
+                    kernel_factory=kernel_factory,
+                    model_options=(model_options or {}).get(model),
+                    acquisition_options=acquisition_options,
+                    seed=trial,
+                    device=device,
+                )
+                checkpoint = None
+                if out is not None:
+                    checkpoint = out / "checkpoints" / f"{name}_{model}_{acquisition}_{trial}.pt"
+                run_steps = min(steps, (max_steps or {}).get(model, steps))
+                history = _run(loop, run_steps, checkpoint, resume, progress)
+                frames.append(history.assign(model=model, acquisition=acquisition, trial=trial))
+                if trial == 0:
+                    chosen[f"{model} / {acquisition}"] = list(loop.chosen)
+    results = pd.concat(frames, ignore_index=True)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        results.to_csv(out / f"{name}.csv", index=False)
+        if plots:
+            from streamgp.plotting import plot_active, plot_queries
+
+            plot_active(results, out / f"{name}.png", title=name)
+            plot_queries(test_X.cpu(), pool_X.cpu(), chosen, num_init, out / f"{name}_queries.png")
+    return results
+
+
+def summarize(results: pd.DataFrame, by: Sequence[str], value: str, last: int = 10) -> pd.DataFrame:
+    r"""Per group: final ``value`` (mean over trials), mean step time over the first and
+    last ``last`` steps, and their ratio (a flat time per step gives ~1)."""
+    rows = []
+    for key, frame in results.groupby(list(by), sort=False):
+        steps = frame[frame["step"] > 0]
+        final_step = frame["step"].max()
+        first = steps[steps["step"] <= last]["step_time"].mean()
+        tail = steps[steps["step"] > final_step - last]["step_time"].mean()
+        rows.append(
+            {
+                **dict(zip(by, key if isinstance(key, tuple) else (key,), strict=True)),
+                "steps": int(final_step),
+                "observations": int(frame[frame["step"] == final_step]["num_observations"].mean()),
+                value: frame[frame["step"] == final_step][value].mean(),
+                f"time/step first {last} (s)": first,
+                f"time/step last {last} (s)": tail,
+                "last/first": tail / first if first else float("nan"),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+__all__ = ["malaria_kernel", "run_active_experiment", "run_bo_experiment", "summarize"]

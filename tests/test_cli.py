@@ -1,0 +1,36 @@
+"""Command line: argument errors are clear; a tiny BO run writes its outputs."""
+
+import pandas as pd
+import pytest
+
+from streamgp.cli import main
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["bo", "--function", "branin9"], "invalid choice: 'branin9'"),
+        (["bo", "--models", "wiski,gpt"], "unknown model ['gpt']"),
+        (["bo", "--steps", "0"], "expected a positive integer, got '0'"),
+        (["bo", "--max-steps", "exact:3"], "expected model=N"),
+        (["bo", "--acquisition", "ei"], "needs --q 1"),
+        (["active", "--acquisitions", "qnipv,ucb"], "unknown acquisition ['ucb']"),
+        (["active", "--dataset", "mars"], "unknown dataset 'mars'"),
+        (["fly"], "invalid choice: 'fly'"),
+    ],
+)
+def test_argument_errors_are_clear(argv, message, capsys):
+    with pytest.raises(SystemExit) as error:
+        main(argv)
+    captured = capsys.readouterr()
+    assert message in captured.err + str(error.value)
+
+
+def test_tiny_bo_run_writes_csv_and_summary(tmp_path, capsys):
+    argv = "bo --function ackley --models wiski,exact --steps 2 --grid-size 6 --num-restarts 2"
+    argv += " --raw-samples 16 --maxiter 5 --fit-max-iter 5 --no-progress --no-plots --out"
+    main([*argv.split(), str(tmp_path)])
+    results = pd.read_csv(tmp_path / "bo_ackley_qucb.csv")
+    assert set(results["model"]) == {"wiski", "exact"} and results["step"].max() == 2
+    assert (tmp_path / "checkpoints").is_dir()
+    assert "best_value" in capsys.readouterr().out
