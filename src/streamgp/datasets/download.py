@@ -214,7 +214,7 @@ CONVERTERS: dict[str, Callable[[Sequence[bytes], DatasetSpec], str]] = {
 
 def _fetch(url: str, timeout: float) -> bytes:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310
+        with urllib.request.urlopen(url, timeout=timeout) as response:
             return response.read()
     except (urllib.error.URLError, OSError, ValueError) as error:
         raise OSError(f"Could not download {url}: {error}") from error
