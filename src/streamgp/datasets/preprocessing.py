@@ -50,9 +50,9 @@ class StreamingSplit:
         test_X: ``n_test x d`` inputs scaled with the training statistics.
         test_Y: ``n_test x 1`` standardized targets, or ``n_test`` labels.
         num_pretrain: Number of leading training rows used for pretraining.
-        x_center: ``d`` midpoints ``(max + min) / 2`` of the training inputs.
-        x_half_range: ``d`` half ranges ``(max - min) / 2``; 1 for constant columns
-            (which therefore scale to 0).
+        x_min: ``d`` minima of the training inputs (they map to -1).
+        x_max: ``d`` maxima of the training inputs (they map to +1). A constant
+            column ``c`` gets ``x_min, x_max = c - 1, c + 1``, so it maps to 0.
         y_mean: Training target mean (``1 x 1``), ``None`` for classification.
         y_std: Training target standard deviation (``1 x 1``), ``None`` for
             classification.
@@ -68,8 +68,8 @@ class StreamingSplit:
     test_X: Tensor
     test_Y: Tensor
     num_pretrain: int
-    x_center: Tensor
-    x_half_range: Tensor
+    x_min: Tensor
+    x_max: Tensor
     y_mean: Tensor | None
     y_std: Tensor | None
     train_index: Tensor
@@ -106,11 +106,12 @@ class StreamingSplit:
 
     def scale_X(self, X: Tensor) -> Tensor:
         r"""Scale raw inputs with the training statistics (as ``train_X`` was)."""
-        return (X - self.x_center.to(X)) / self.x_half_range.to(X)
+        return _scale(X, self.x_min.to(X), self.x_max.to(X))
 
     def unscale_X(self, X: Tensor) -> Tensor:
         r"""Map scaled inputs back to raw units."""
-        return X * self.x_half_range.to(X) + self.x_center.to(X)
+        x_min, x_max = self.x_min.to(X), self.x_max.to(X)
+        return (X + 1) / 2 * (x_max - x_min) + x_min
 
     def unstandardize_Y(self, Y: Tensor) -> Tensor:
         r"""Map standardized targets (or predictive means) back to original units.
@@ -121,6 +122,11 @@ class StreamingSplit:
         if self.y_mean is None:
             raise ValueError(f"{self.name!r} is a classification split: labels are not scaled.")
         return Y * self.y_std.to(Y) + self.y_mean.to(Y)
+
+
+def _scale(X: Tensor, x_min: Tensor, x_max: Tensor) -> Tensor:
+    # This form maps x_min to exactly -1 and x_max to exactly +1 in floating point.
+    return 2 * (X - x_min) / (x_max - x_min) - 1
 
 
 def _check_fraction(value: float, name: str) -> None:
@@ -193,15 +199,13 @@ def make_streaming_split(
     # Statistics in float64 on the training rows only, then cast.
     X64 = data.X.detach().cpu().to(torch.float64)
     train_X64, test_X64 = X64[train_index], X64[test_index]
-    lo, hi = train_X64.min(dim=0).values, train_X64.max(dim=0).values
-    x_center = (hi + lo) / 2
-    x_half_range = (hi - lo) / 2
+    x_min, x_max = train_X64.min(dim=0).values, train_X64.max(dim=0).values
     # A constant column carries no information; map it to 0 instead of dividing by 0.
-    x_half_range = torch.where(x_half_range > 0, x_half_range, torch.ones_like(x_half_range))
-
-    # Rounding can overshoot [-1, 1] by an ulp at the extremes; clamp the training rows.
-    train_X = ((train_X64 - x_center) / x_half_range).clamp(-1.0, 1.0)
-    test_X = (test_X64 - x_center) / x_half_range
+    constant = x_max <= x_min
+    x_min, x_max = torch.where(constant, x_min - 1, x_min), torch.where(constant, x_max + 1, x_max)
+    # Inside [x_min, x_max] the rounding of _scale stays within [-1, 1]; clamp to be sure.
+    train_X = _scale(train_X64, x_min, x_max).clamp(-1.0, 1.0)
+    test_X = _scale(test_X64, x_min, x_max)
     Y = data.Y.detach().cpu()
     y_mean = y_std = None
     if data.task == REGRESSION:
@@ -228,8 +232,8 @@ def make_streaming_split(
         test_X=out(test_X),
         test_Y=test_Y,
         num_pretrain=num_pretrain,
-        x_center=out(x_center),
-        x_half_range=out(x_half_range),
+        x_min=out(x_min),
+        x_max=out(x_max),
         y_mean=y_mean,
         y_std=y_std,
         train_index=train_index.to(device),
