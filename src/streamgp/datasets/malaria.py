@@ -31,9 +31,9 @@ Shipped subset (``data/malaria_pf_incidence_2017_central_africa_5arcmin.csv.gz``
     columns ``lon, lat, incidence, incidence_std`` with the number tokens copied
     verbatim. Reproduce it with ``scripts/make_malaria_subset.py``.
 
-Extent: longitude 11.73 to 35.48, latitude -13.98 to 5.69 (DR Congo, Congo, Gabon,
-Cameroon, CAR, Uganda, Rwanda, Burundi, Tanzania, Zambia, Angola parts). The paper's
-test region, Nigeria, lies outside it.
+Extent: longitude 11.73 to 35.48, latitude -13.98 to 5.69 (a Central-Africa box; the
+cells outside the source's mask, e.g. water, are absent). The paper's test region,
+Nigeria, lies almost entirely outside it.
 
 Example:
     >>> from streamgp.datasets import load_malaria
