@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 from helpers_datasets import write_canonical
 
-from streamgp.datasets import ChecksumError, download_dataset, get_dataset_spec, verify_dataset
+from streamgp.datasets import (
+    ChecksumError,
+    download_dataset,
+    get_dataset_spec,
+    load_dataset,
+    verify_dataset,
+)
 from streamgp.datasets import download as download_module
 from streamgp.datasets.download import gzip_text, sha256_bytes, sha256_file, write_atomic
 from streamgp.datasets.registry import DATASETS
@@ -264,3 +270,14 @@ def test_download_reproduces_the_reference_files(shared_data, tmp_path, name):
     base_url = write_origin(tmp_path / "origin", ORIGIN_WRITERS[spec.source_format](text, spec))
     path = download_dataset(name, tmp_path / "data", base_url=base_url)
     assert path.read_bytes() == (shared_data / spec.file_name).read_bytes()
+
+
+def test_load_dataset_can_download_a_missing_file(small_origin, monkeypatch, tmp_path):
+    base_url, text = small_origin["banana"]
+    spec = replace(get_dataset_spec("banana"), origin_base_url=base_url)
+    monkeypatch.setitem(DATASETS, "banana", spec)
+    with pytest.raises(FileNotFoundError, match="download_dataset"):
+        load_dataset("banana", tmp_path / "data")
+    data = load_dataset("banana", tmp_path / "data", download=True)
+    assert data.Y.tolist() == [1, 0, 0] and data.is_test.tolist() == [False, False, True]
+    assert verify_dataset("banana", tmp_path / "data")
