@@ -123,7 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="e.g. qnipv,maxvar,random",
     )
     active.add_argument("--num-mc-points", type=_positive_int, default=256)
-    active.add_argument("--pool-size", type=_positive_int, default=None, help="subsample the pool")
+    active.add_argument(
+        "--candidates", type=_positive_int, default=1000, help="pool points scored per step"
+    )
     _common(active, default_q=6, default_init=10)
     return parser
 
@@ -169,12 +171,6 @@ def _active(args: argparse.Namespace) -> None:
     from streamgp.loops.experiments import malaria_kernel, run_active_experiment
 
     pool_X, pool_Y, pool_Yvar, test_X, test_Y = load_active_dataset(args.dataset, seed=0)
-    if args.pool_size is not None and args.pool_size < len(pool_X):
-        pool_X, pool_Y, pool_Yvar = (
-            pool_X[: args.pool_size],
-            pool_Y[: args.pool_size],
-            (pool_Yvar[: args.pool_size]),
-        )
     options = _model_options(args)
     options["wiski"].setdefault("grid_size", 30)
     results = run_active_experiment(
@@ -192,6 +188,7 @@ def _active(args: argparse.Namespace) -> None:
         q=args.q,
         num_init=args.num_init,
         num_mc_points=args.num_mc_points,
+        candidates_per_step=args.candidates,
         fit_every=args.fit_every,
         fit_max_iter=args.fit_max_iter,
         kernel_factory=malaria_kernel,

@@ -48,6 +48,9 @@ class ActiveLearningLoop(Loop):
         q: Points per step.
         num_init: Random initial queries.
         num_mc_points: Test inputs used as qNIPV's integration points.
+        candidates_per_step: If given, each step chooses among this many pool
+            points drawn at random from those left (bounds the acquisition cost on
+            large pools); ``None``: the whole pool.
         fit_every: Refit every this many steps (0: only the initial fit).
         fit_max_iter: L-BFGS-B iterations per refit (``None``: BoTorch's default).
         kernel_factory: Optional ``d -> Kernel`` for the surrogate.
@@ -77,6 +80,7 @@ class ActiveLearningLoop(Loop):
         q: int = 6,
         num_init: int = 10,
         num_mc_points: int = 256,
+        candidates_per_step: int | None = None,
         fit_every: int = 1,
         fit_max_iter: int | None = None,
         kernel_factory: KernelFactory | None = None,
@@ -120,6 +124,9 @@ class ActiveLearningLoop(Loop):
         self.q = int(q)
         self.num_init = int(num_init)
         self.num_mc_points = min(int(num_mc_points), len(test_X))
+        if candidates_per_step is not None and candidates_per_step < q:
+            raise ValueError(f"candidates_per_step must be >= q={q}, got {candidates_per_step}.")
+        self.candidates_per_step = candidates_per_step
         self.fit_every = int(fit_every)
         self.fit_max_iter = fit_max_iter
         self.kernel_factory = kernel_factory
@@ -195,6 +202,9 @@ class ActiveLearningLoop(Loop):
         self._fit(watch, step)
         with watch("acquisition"):
             candidates = self.available.nonzero().squeeze(-1)
+            if self.candidates_per_step is not None and len(candidates) > self.candidates_per_step:
+                keep = torch.randperm(len(candidates), device=self.device)
+                candidates = candidates[keep[: self.candidates_per_step]].sort().values
             best_f = None
             if self.acquisition in ("qei", "qlogei"):
                 best_f = self.pool_Y[self.chosen].max()
