@@ -274,8 +274,10 @@ class OnlineSGPR(GPyTorchModel, GP, FantasizeMixin):
         self._hyper_snapshot: list[Tensor] | None = None
 
     def _apply(self, fn, *args, **kwargs):
+        # Device/dtype moves (also no-op ``.to`` calls by BoTorch): the state is in
+        # buffers; derived factors are rebuilt (conditioning is replayed) on demand.
         super()._apply(fn, *args, **kwargs)
-        self._clear_caches()
+        self._invalidate()
         return self
 
     @property
