@@ -15,7 +15,7 @@ from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
 from gpytorch.likelihoods import GaussianLikelihood
 from oracles_sgpr import DenseQuModel, bui_bound, rel_err, titsias
 
-from streamgp.inducing import OnlineInducingPointSelector
+from streamgp.inducing import InducingPointSelector, OnlineInducingPointSelector
 from streamgp.mlls import OnlineSGPRBound
 from streamgp.models import OnlineSGPR
 
@@ -452,3 +452,38 @@ def test_bad_constructor_and_conditioning_arguments():
     with pytest.raises(ValueError, match="no inducing points"):
         make_model(X[:0], Y[:0]).condition_on_observations(X_c, torch.rand(2, 1, dtype=DTYPE))
     _assert_unchanged(model, snap)
+
+
+class _BrokenSelector(InducingPointSelector):
+    """Changes its state, then proposes a non-finite inducing point."""
+
+    def _update(self, X):
+        points = X[:2].clone()
+        if self._points is not None:
+            points[0, 0] = math.nan
+        return points
+
+
+def test_failed_update_restores_model_and_selector():
+    X, Y = make_data(20)
+    selector = _BrokenSelector()
+    model = make_model(X[:10], Y[:10], inducing_selector=selector)
+    snap, points = _snapshot(model), selector.inducing_points.clone()
+    with pytest.raises((ValueError, torch.linalg.LinAlgError)):
+        model.observe(X[10:], Y[10:])
+    _assert_unchanged(model, snap)
+    assert torch.equal(selector.inducing_points, points)
+    with pytest.raises(ValueError, match="Yvar must be None"):
+        model.observe(X[10:], Y[10:], Yvar=torch.ones_like(Y[10:]))
+
+
+def test_conditioned_view_has_its_own_selector_and_random_stream():
+    X, Y = make_data(40)
+    selector = OnlineInducingPointSelector(scaled_kernel(2), rho=0.5)
+    model = make_model(X[:10], Y[:10], inducing_selector=selector)
+    count = selector.num_inducing
+    view = model.condition_on_observations(X[10:12], Y[10:12])
+    view.observe(X[12:], Y[12:])
+    assert selector.num_inducing == count and model.num_inducing == count
+    assert view.inducing_selector.num_inducing == view.num_inducing > count
+    assert view.inducing_selector.kernel is selector.kernel  # a fork, same kernel module

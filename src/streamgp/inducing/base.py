@@ -7,7 +7,10 @@ sparse GPs (:class:`~streamgp.models.OnlineSGPR`) call it once per observed batc
 so the number and placement of inducing points can follow the data.
 
 Selectors hold state (the current set, counts, ...) but no gradients: selection is
-a discrete decision, taken under ``torch.no_grad``.
+a discrete decision, taken under ``torch.no_grad``. Updates *replace* state attributes
+rather than writing into them, so a shallow ``copy.copy`` of a selector is an
+independent fork (models rely on this to restore a selector after a failed update and
+to give conditioned models their own selector).
 """
 
 from __future__ import annotations

@@ -74,5 +74,7 @@ class GridSelector(InducingPointSelector):
         strides = torch.ones_like(size)
         for i in range(len(self.sizes) - 2, -1, -1):
             strides[i] = strides[i + 1] * size[i + 1]
-        self._occupied[(cell * strides).sum(-1)] = True
-        return self.grid[self._occupied].clone()
+        occupied = self._occupied.clone()  # state is replaced, never written in place
+        occupied[(cell * strides).sum(-1)] = True
+        self._occupied = occupied
+        return self.grid[occupied].clone()

@@ -64,7 +64,7 @@ class KMeansSelector(InducingPointSelector):
     def reset(self) -> None:
         super().reset()
         self._counts: Tensor | None = None
-        self._generator = torch.Generator().manual_seed(self.seed)
+        self._generator_state = torch.Generator().manual_seed(self.seed).get_state()
 
     @property
     def counts(self) -> Tensor | None:
@@ -82,7 +82,10 @@ class KMeansSelector(InducingPointSelector):
             self._counts = weights
             return pool.clone()
         if centres.shape[0] < self.k:
-            centres = _weighted_kmeans_pp(pool, weights, self.k, self._generator)
+            generator = torch.Generator()
+            generator.set_state(self._generator_state)
+            centres = _weighted_kmeans_pp(pool, weights, self.k, generator)
+            self._generator_state = generator.get_state()
         for _ in range(self.num_iterations):
             assign = torch.cdist(pool, centres).argmin(dim=-1)
             mass = X.new_zeros(self.k).index_add_(0, assign, weights)

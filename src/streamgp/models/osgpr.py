@@ -32,6 +32,7 @@ Transforms: as in :class:`~streamgp.models.WiskiGP`, an ``input_transform`` and 
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -552,7 +553,7 @@ class OnlineSGPR(GPyTorchModel, GP, FantasizeMixin):
         return posterior
 
     # -------------------------------------------------------------- updates
-    def observe(self, X: Tensor, Y: Tensor) -> OnlineSGPR:
+    def observe(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> OnlineSGPR:
         r"""Absorb a batch in place: move the inducing set, optimise, update ``q(u)``.
 
         Cost ``O(M^2 (q + M) + M^3)`` per batch (times ``steps_per_batch + 1``),
@@ -562,10 +563,17 @@ class OnlineSGPR(GPyTorchModel, GP, FantasizeMixin):
         Args:
             X: ``q x d`` new inputs (original space).
             Y: ``q x 1`` new targets (original space).
+            Yvar: Must be None: the model learns one homoskedastic noise level (the
+                argument exists for the common streaming-model signature).
 
         Returns:
             The model itself. On invalid input, raises and leaves the model unchanged.
         """
+        if Yvar is not None:
+            raise ValueError(
+                "Yvar must be None: OnlineSGPR learns a homoskedastic noise level "
+                "(observed noise variances are not supported)."
+            )
         self._check_inputs(X, "X")
         if X.dim() != 2:
             raise ValueError(f"X must have shape q x d, got {tuple(X.shape)}.")
@@ -642,4 +650,8 @@ class OnlineSGPR(GPyTorchModel, GP, FantasizeMixin):
             key: value.copy() if isinstance(value, dict) else value
             for key, value in self.__dict__.items()
         }
+        # Own random stream and selector (a shallow copy is an independent fork), so
+        # that ``observe`` on the view never moves the parent's inducing set.
+        new._generator = torch.Generator().set_state(self._generator.get_state())
+        new.inducing_selector = copy.copy(self.inducing_selector)
         return new
