@@ -1,10 +1,17 @@
-"""Shared numerical kernels: grid kernel roots and grid-space Woodbury algebra."""
+"""Shared numerical kernels: grid kernel roots, grid-space Woodbury algebra, sparse-GP algebra."""
 
 from streamgp.linalg.grid_kernel import (
     GridKernelRoot,
+    cholesky_with_jitter,
     grid_kernel_matrix,
     grid_kernel_root,
     jittered_cholesky,
+)
+from streamgp.linalg.sparse_gp import (
+    PseudoObservations,
+    SparsePosterior,
+    sparse_posterior,
+    streaming_collapsed_bound,
 )
 from streamgp.linalg.woodbury import (
     GridPosterior,
@@ -18,6 +25,9 @@ from streamgp.linalg.woodbury import (
 __all__ = [
     "GridKernelRoot",
     "GridPosterior",
+    "PseudoObservations",
+    "SparsePosterior",
+    "cholesky_with_jitter",
     "LowRankCorrection",
     "factorize",
     "fold_low_rank",
@@ -25,5 +35,7 @@ __all__ = [
     "grid_kernel_root",
     "jittered_cholesky",
     "log_marginal_likelihood",
+    "sparse_posterior",
+    "streaming_collapsed_bound",
     "update_root",
 ]

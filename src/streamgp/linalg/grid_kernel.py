@@ -40,16 +40,35 @@ def jittered_cholesky(K: Tensor) -> Tensor:
         torch.linalg.LinAlgError: If ``K`` is not positive semi-definite enough to
             factor with the largest jitter tried.
     """
+    return cholesky_with_jitter(K)[0]
+
+
+def cholesky_with_jitter(K: Tensor, relative_jitter: float | None = None) -> tuple[Tensor, Tensor]:
+    r"""Cholesky factor of ``K + jitter * I`` and the (absolute) ``jitter`` that was added.
+
+    ``jitter = eps * mean(diag K)``, with ``eps`` starting at ``relative_jitter``
+    (default: a per-dtype value) and raised 10x per failed factorisation. Callers that
+    model the jitter explicitly (e.g. as independent noise on inducing variables)
+    need its value. Differentiable in ``K``.
+
+    Returns:
+        ``(L, jitter)`` with ``L L^T = K + jitter * I``; ``jitter`` has shape
+        ``batch x 1 x 1``.
+
+    Raises:
+        torch.linalg.LinAlgError: If ``K`` cannot be factored with the largest jitter.
+    """
     scale = K.diagonal(dim1=-2, dim2=-1).mean(-1, keepdim=True).unsqueeze(-1)
     eye = torch.eye(K.shape[-1], dtype=K.dtype, device=K.device)
-    eps = _BASE_JITTER.get(K.dtype, 1e-6)
+    eps = _BASE_JITTER.get(K.dtype, 1e-6) if relative_jitter is None else relative_jitter
     for _ in range(_MAX_JITTER_TRIES):
-        L, info = torch.linalg.cholesky_ex(K + (eps * scale) * eye)
+        jitter = eps * scale
+        L, info = torch.linalg.cholesky_ex(K + jitter * eye)
         if not torch.any(info):
-            return L
-        eps *= 10.0
+            return L, jitter
+        eps = 10.0 * max(eps, _BASE_JITTER.get(K.dtype, 1e-6))
     raise torch.linalg.LinAlgError(
-        f"Grid kernel matrix is not positive definite even with relative jitter {eps / 10:.1e}; "
+        f"Kernel matrix is not positive definite even with relative jitter {eps / 10:.1e}; "
         "check the kernel hyperparameters for NaN/Inf."
     )
 

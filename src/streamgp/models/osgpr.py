@@ -1,0 +1,657 @@
+r"""Online SGPR: the collapsed streaming sparse GP of Bui et al. (2017), as a BoTorch model.
+
+Bui, Nguyen & Turner, "Streaming Sparse Gaussian Process Approximations" (NeurIPS
+2017) approximate the posterior after each batch by a sparse GP with inducing
+inputs ``a`` and use it, in place of the discarded data, as a Gaussian "likelihood"
+``q_old(a) / p(a | theta_old)`` on the next batch. For a Gaussian likelihood the new
+``q(b)`` can be integrated out in closed form, giving the collapsed online bound
+(their eq. 11; Titsias' SGPR bound on the first batch). This model keeps that
+summary as pseudo-observations of the inducing values
+(:mod:`streamgp.linalg.sparse_gp`) — a precision root accumulated by sums, never the
+matrix difference ``S_a^{-1} - K_aa^{-1}`` that made O-SGPR numerically fragile — so
+memory and update cost depend on the number of inducing points ``M``, never on ``n``:
+
+- :meth:`OnlineSGPR.observe` absorbs a batch in place in ``O(M^2 (q + M) + M^3)``,
+  after moving the inducing set (a mix of old inducing points and new inputs as in
+  Bui et al.'s experiments, or any :mod:`streamgp.inducing` selector such as OIPS)
+  and, optionally, a few optimizer steps on the online bound;
+- :class:`streamgp.mlls.OnlineSGPRBound` is that bound as a loss module;
+- :meth:`OnlineSGPR.condition_on_observations` (and BoTorch's ``fantasize``) is the
+  exact Gaussian update of ``q(u)`` — online variational conditioning (Maddox et al.,
+  "Conditioning Sparse Variational Gaussian Processes for Online Decision-making",
+  NeurIPS 2021) — returned as a cheap rank-``q`` view of this model, batched over
+  candidate sets and fantasy samples, so qKG and qNIPV run on it.
+
+With inducing points equal to all training inputs the posterior is the exact GP
+posterior; with fixed inducing points and hyperparameters, streaming in batches gives
+exactly the batch SGPR posterior and bound.
+
+Transforms: as in :class:`~streamgp.models.WiskiGP`, an ``input_transform`` and an
+``outcome_transform`` are fitted once on the constructor's data and then frozen.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from botorch.models.gpytorch import GPyTorchModel
+from botorch.models.model import FantasizeMixin
+from botorch.models.transforms.input import InputTransform
+from botorch.models.transforms.outcome import OutcomeTransform
+from botorch.models.utils.gpytorch_modules import (
+    get_covar_module_with_dim_scaled_prior,
+    get_gaussian_likelihood_with_lognormal_prior,
+)
+from botorch.optim.utils import get_parameters_and_bounds
+from botorch.posteriors.gpytorch import GPyTorchPosterior
+from gpytorch.distributions import MultivariateNormal
+from gpytorch.kernels import Kernel
+from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
+from gpytorch.models import GP
+from linear_operator.operators import DenseLinearOperator
+from torch import Tensor
+
+from streamgp.inducing.base import InducingPointSelector
+from streamgp.linalg.sparse_gp import (
+    PseudoObservations,
+    SparsePosterior,
+    match_points,
+    predict,
+    projection_weights,
+    sparse_posterior,
+    streaming_collapsed_bound,
+)
+from streamgp.linalg.woodbury import LowRankCorrection
+from streamgp.models.wiski import _eval_mode
+from streamgp.utils.validation import check_positive, check_targets, check_tensor
+
+#: Inducing points used when neither ``inducing_points`` nor ``num_inducing`` is given.
+DEFAULT_NUM_INDUCING = 128
+#: Default jitter on ``K_ZZ``, relative to its mean diagonal (the output scale).
+DEFAULT_JITTER = {torch.float64: 1e-8, torch.float32: 1e-6}
+
+_STATE_BUFFERS = ("inducing_points", "pseudo_root", "pseudo_eta", "pseudo_log_norm", "num_observed")
+
+
+def _invalidate_after_load(module: OnlineSGPR, incompatible_keys: Any) -> None:
+    module._invalidate()
+
+
+class OnlineSGPR(GPyTorchModel, GP, FantasizeMixin):
+    r"""Streaming collapsed sparse variational GP (O-SGPR) with closed-form conditioning.
+
+    Args:
+        train_X: ``n x d`` initial inputs (``n`` may be 0).
+        train_Y: ``n x 1`` initial targets.
+        inducing_points: ``M x d`` initial inducing inputs (in the transformed input
+            space). Default: ``num_inducing`` training inputs drawn at random (all of
+            them if ``n <= num_inducing``), or the selector's choice.
+        num_inducing: Size of the inducing set kept by the default update rule.
+            Default: ``len(inducing_points)`` if given, else ``DEFAULT_NUM_INDUCING``.
+            Ignored when ``inducing_selector`` is given.
+        covar_module: Kernel. Default: BoTorch's ``SingleTaskGP`` kernel.
+        likelihood: Gaussian likelihood (learned homoskedastic noise). Default:
+            BoTorch's ``SingleTaskGP`` likelihood.
+        inducing_selector: Optional :class:`~streamgp.inducing.InducingPointSelector`
+            (e.g. ``OnlineInducingPointSelector`` for OIPS); it sees every batch of
+            (transformed) inputs and its current set becomes the inducing set.
+        new_inducing_fraction: Default update rule (Bui et al.): each batch, up to
+            ``round(fraction * num_inducing)`` of its inputs replace randomly chosen
+            old inducing points (more while the set is below ``num_inducing``).
+            ``0`` keeps the inducing points fixed once the set is full.
+        learn_inducing_points: Also optimise the new inducing inputs in the
+            per-batch optimizer steps (not with a selector).
+        steps_per_batch: Adam steps on the online bound before absorbing each batch
+            (including the constructor's); 0 keeps the hyperparameters fixed.
+        lr: Adam learning rate for those steps.
+        jitter: Jitter on ``K_ZZ`` relative to its mean diagonal; raised 10x only if a
+            Cholesky factorisation fails. Default: ``DEFAULT_JITTER[dtype]``.
+        seed: Seed of the random choices of the default inducing-point rule.
+        input_transform: Input transform, fitted on ``train_X`` and then frozen.
+        outcome_transform: Outcome transform, fitted on ``train_Y`` and then frozen.
+
+    Example:
+        >>> X = torch.rand(100, 2, dtype=torch.float64)
+        >>> Y = torch.sin(6 * X).sum(-1, keepdim=True)
+        >>> model = OnlineSGPR(X, Y, num_inducing=32, steps_per_batch=5)
+        >>> X_new = torch.rand(10, 2, dtype=torch.float64)
+        >>> model.observe(X_new, torch.sin(6 * X_new).sum(-1, keepdim=True))
+        >>> posterior = model.posterior(torch.rand(5, 2, dtype=torch.float64))
+    """
+
+    _num_outputs = 1
+
+    def __init__(
+        self,
+        train_X: Tensor,
+        train_Y: Tensor,
+        *,
+        inducing_points: Tensor | None = None,
+        num_inducing: int | None = None,
+        covar_module: Kernel | None = None,
+        likelihood: GaussianLikelihood | None = None,
+        inducing_selector: InducingPointSelector | None = None,
+        new_inducing_fraction: float = 0.3,
+        learn_inducing_points: bool = False,
+        steps_per_batch: int = 0,
+        lr: float = 0.01,
+        jitter: float | None = None,
+        seed: int = 0,
+        input_transform: InputTransform | None = None,
+        outcome_transform: OutcomeTransform | None = None,
+    ) -> None:
+        check_tensor(train_X, "train_X", min_dim=2)
+        if train_X.dim() != 2:
+            raise ValueError(
+                f"train_X must have shape n x d (batched models are not supported), "
+                f"got {tuple(train_X.shape)}."
+            )
+        check_targets(
+            check_tensor(train_Y, "train_Y", like=train_X, min_dim=2), "train_Y", len(train_X)
+        )
+        dim = train_X.shape[-1]
+        if inducing_points is not None:
+            check_tensor(inducing_points, "inducing_points", like=train_X, min_dim=2, last_dim=dim)
+            if inducing_points.dim() != 2 or len(inducing_points) == 0:
+                raise ValueError(
+                    "inducing_points must have shape M x d with M >= 1, got "
+                    f"{tuple(inducing_points.shape)}."
+                )
+        if num_inducing is not None and (not isinstance(num_inducing, int) or num_inducing < 1):
+            raise ValueError(f"num_inducing must be a positive int, got {num_inducing!r}.")
+        if inducing_selector is not None:
+            if not isinstance(inducing_selector, InducingPointSelector):
+                raise TypeError(
+                    "inducing_selector must be a streamgp.inducing.InducingPointSelector, "
+                    f"got {type(inducing_selector).__name__}."
+                )
+            if inducing_points is not None:
+                raise ValueError("Pass either inducing_points or inducing_selector, not both.")
+            if learn_inducing_points:
+                raise ValueError(
+                    "learn_inducing_points cannot be combined with inducing_selector (the "
+                    "selector owns the inducing set)."
+                )
+        if not isinstance(new_inducing_fraction, (int, float)) or not (
+            0.0 <= new_inducing_fraction <= 1.0
+        ):
+            raise ValueError(
+                f"new_inducing_fraction must be in [0, 1], got {new_inducing_fraction!r}."
+            )
+        if not isinstance(steps_per_batch, int) or steps_per_batch < 0:
+            raise ValueError(
+                f"steps_per_batch must be a non-negative int, got {steps_per_batch!r}."
+            )
+        if not isinstance(lr, (int, float)) or not lr > 0:
+            raise ValueError(f"lr must be a positive number, got {lr!r}.")
+        if jitter is not None and (not isinstance(jitter, (int, float)) or not jitter >= 0):
+            raise ValueError(f"jitter must be a non-negative number or None, got {jitter!r}.")
+        if likelihood is not None and (
+            not isinstance(likelihood, GaussianLikelihood)
+            or isinstance(likelihood, FixedNoiseGaussianLikelihood)
+        ):
+            raise TypeError(
+                "likelihood must be a gpytorch GaussianLikelihood (learned homoskedastic "
+                f"noise); got {type(likelihood).__name__}."
+            )
+        if covar_module is not None and not isinstance(covar_module, Kernel):
+            raise TypeError(
+                f"covar_module must be a gpytorch Kernel, got {type(covar_module).__name__}."
+            )
+        super().__init__()
+        tkwargs = {"dtype": train_X.dtype, "device": train_X.device}
+
+        # Fit the transforms once on the initial data, then freeze them.
+        if input_transform is not None:
+            input_transform.to(**tkwargs)
+            with torch.no_grad():
+                transformed_X = input_transform(train_X) if len(train_X) else train_X
+            input_transform.eval()
+            self.input_transform = input_transform
+        else:
+            transformed_X = train_X
+        if outcome_transform is not None:
+            outcome_transform.to(**tkwargs)
+            if len(train_Y):
+                train_Y, _ = outcome_transform(train_Y, X=transformed_X)
+            outcome_transform.eval()
+            self.outcome_transform = outcome_transform
+
+        if covar_module is None:
+            covar_module = get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
+        self.covar_module = covar_module.to(**tkwargs)
+        self.likelihood = (
+            get_gaussian_likelihood_with_lognormal_prior() if likelihood is None else likelihood
+        ).to(**tkwargs)
+
+        self.inducing_selector = inducing_selector
+        if num_inducing is None:
+            num_inducing = DEFAULT_NUM_INDUCING if inducing_points is None else len(inducing_points)
+        self.num_inducing_target = num_inducing
+        self.new_inducing_fraction = float(new_inducing_fraction)
+        self.learn_inducing_points = learn_inducing_points
+        self.steps_per_batch = steps_per_batch
+        self.lr = float(lr)
+        self.jitter = DEFAULT_JITTER.get(train_X.dtype, 1e-6) if jitter is None else float(jitter)
+        self._generator = torch.Generator().manual_seed(seed)
+
+        for name, value in [
+            ("inducing_points", train_X.new_zeros(0, dim)),
+            ("pseudo_root", train_X.new_zeros(0, 0)),
+            ("pseudo_eta", train_X.new_zeros(0)),
+            ("pseudo_log_norm", train_X.new_zeros(())),
+            ("num_observed", train_X.new_zeros(())),
+        ]:
+            self.register_buffer(name, value)
+        self.register_load_state_dict_post_hook(_invalidate_after_load)
+        self._clear_caches()
+        #: The online bound (approximate log evidence of all data) after the last batch.
+        self.last_bound: Tensor | None = None
+
+        y = train_Y.squeeze(-1)
+        if inducing_points is not None:
+            self._absorb(transformed_X, y, (inducing_points.detach().clone(), None))
+        elif inducing_selector is not None or len(train_X) > 0:
+            if inducing_selector is None:
+                index = self._random_subset(len(train_X), min(len(train_X), num_inducing))
+                first = (transformed_X[index].detach().clone(), None)
+            else:
+                first = (inducing_selector.update(transformed_X), None)
+            self._absorb(transformed_X, y, first)
+
+    # ------------------------------------------------------------------ state
+    def _clear_caches(self) -> None:
+        self._invalidate()
+        self._correction: LowRankCorrection | None = None
+        # Transformed (X, y, noise) of each conditioning: replayed after a
+        # hyperparameter change and absorbed by the next ``observe``.
+        self._conditioning_log: list[tuple[Tensor, Tensor, Tensor]] = []
+
+    def _invalidate(self) -> None:
+        r"""Drop derived factors; the next prediction rebuilds them from the state."""
+        self._posterior: SparsePosterior | None = None
+        self._hyper_snapshot: list[Tensor] | None = None
+
+    def _apply(self, fn, *args, **kwargs):
+        # Device/dtype moves (also no-op ``.to`` calls by BoTorch): the state is in
+        # buffers; derived factors are rebuilt (conditioning is replayed) on demand.
+        super()._apply(fn, *args, **kwargs)
+        self._invalidate()
+        return self
+
+    @property
+    def pseudo_observations(self) -> PseudoObservations:
+        r"""Summary of all data absorbed by ``observe`` (:mod:`streamgp.linalg.sparse_gp`)."""
+        return PseudoObservations(
+            points=self.inducing_points,
+            root=self.pseudo_root,
+            eta=self.pseudo_eta,
+            log_norm=self.pseudo_log_norm,
+        )
+
+    def _set_pseudo_observations(self, factor: PseudoObservations) -> None:
+        self.inducing_points = factor.points.detach()
+        self.pseudo_root = factor.root.detach()
+        self.pseudo_eta = factor.eta.detach()
+        self.pseudo_log_norm = factor.log_norm.detach()
+
+    @property
+    def num_inducing(self) -> int:
+        r"""Current number of inducing points ``M``."""
+        return self.inducing_points.shape[0]
+
+    @property
+    def num_train(self) -> int:
+        r"""Number of observations absorbed so far (including conditioning)."""
+        extra = sum(entry[0].shape[-2] for entry in self._conditioning_log)
+        return int(self.num_observed.item()) + extra
+
+    @property
+    def noise_variance(self) -> Tensor:
+        r"""The homoskedastic noise variance (differentiable)."""
+        noise = self.likelihood.noise.reshape(())
+        if not noise > 0:
+            raise ValueError(
+                f"The likelihood's noise variance is {noise.item():.3g}, not positive; use an "
+                "optimizer that respects the noise constraint (as observe's steps do) or a "
+                "likelihood with a transformed noise constraint."
+            )
+        return noise
+
+    def _hyperparameters(self) -> list[Tensor]:
+        return list(self.parameters())
+
+    def _caches_valid(self) -> bool:
+        if self._posterior is None or self._hyper_snapshot is None:
+            return False
+        current = self._hyperparameters()
+        return len(current) == len(self._hyper_snapshot) and all(
+            torch.equal(a, b) for a, b in zip(current, self._hyper_snapshot, strict=True)
+        )
+
+    def sparse_posterior(self) -> SparsePosterior:
+        r"""The collapsed ``q(u)`` of the data absorbed by ``observe`` (before conditioning).
+
+        Rebuilt in ``O(M^3)`` when the hyperparameters changed since the last call;
+        otherwise returned from the cache. Detached from the hyperparameters (as
+        gpytorch's ``detach_test_caches``).
+        """
+        if not self._caches_valid():
+            with torch.no_grad():
+                self._posterior = sparse_posterior(
+                    self.covar_module, self.pseudo_observations, self.jitter
+                )
+                self._hyper_snapshot = [p.detach().clone() for p in self._hyperparameters()]
+            # Replay conditioning (keeps gradients w.r.t. the conditioning inputs).
+            self._correction = None
+            for X_q, y_q, noise_q in self._conditioning_log:
+                self._correction = self._condition_correction(X_q, y_q, noise_q)
+        return self._posterior
+
+    def _current_correction(self) -> LowRankCorrection:
+        if self._correction is None:
+            return LowRankCorrection.empty(self.num_inducing, self.pseudo_eta)
+        return self._correction
+
+    def _condition_correction(self, X_t: Tensor, y: Tensor, noise: Tensor) -> LowRankCorrection:
+        posterior = self._posterior
+        weights = projection_weights(self.covar_module, posterior, X_t)
+        return self._current_correction().condition(posterior.whitened, weights, y, noise)
+
+    # ------------------------------------------------------------ the bound
+    def _random_subset(self, n: int, k: int) -> Tensor:
+        r"""``k`` of ``range(n)``, drawn with the model's generator, in increasing order."""
+        if k >= n:
+            return torch.arange(n, device=self.inducing_points.device)
+        index = torch.randperm(n, generator=self._generator)[:k].sort().values
+        return index.to(self.inducing_points.device)
+
+    def _next_inducing_points(self, X_t: Tensor) -> tuple[Tensor, Tensor]:
+        r"""The inducing set for a new batch and its identity map to the current set."""
+        old = self.inducing_points
+        if self.inducing_selector is not None:
+            new = self.inducing_selector.update(X_t).to(old)
+            return new, match_points(new, old)
+        q, m_old_now, target = X_t.shape[0], old.shape[0], self.num_inducing_target
+        m_new = min(q, max(target - m_old_now, round(self.new_inducing_fraction * target)))
+        m_keep = min(m_old_now, target - m_new)
+        keep = self._random_subset(m_old_now, m_keep)
+        take = self._random_subset(q, m_new)
+        new = torch.cat([old[keep], X_t[take].detach()], dim=0)
+        shared = torch.cat([keep, torch.full_like(take, -1)])
+        return new, shared
+
+    def _bound(self, X_t: Tensor, y: Tensor, inducing_points: Tensor, shared: Tensor | None):
+        r"""Online bound of a new (transformed) batch and the factor it would leave."""
+        return streaming_collapsed_bound(
+            self.covar_module,
+            self.noise_variance,
+            X_t,
+            y,
+            inducing_points,
+            self.pseudo_observations,
+            shared=shared,
+            relative_jitter=self.jitter,
+        )
+
+    def _loss(self, X_t: Tensor, y: Tensor, inducing_points: Tensor, shared: Tensor | None):
+        r"""Negative (online bound + log hyperprior), per observation seen."""
+        bound, _ = self._bound(X_t, y, inducing_points, shared)
+        for _, module, prior, closure, _ in self.named_priors():
+            bound = bound + prior.log_prob(closure(module)).sum()
+        return -bound / (self.num_observed + X_t.shape[0]).clamp_min(1.0)
+
+    def _optimize(self, X_t: Tensor, y: Tensor, inducing_points: Tensor, shared: Tensor) -> Tensor:
+        r"""``steps_per_batch`` Adam steps on the online bound; returns the inducing points."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        if self.learn_inducing_points:
+            inducing_points = inducing_points.clone().requires_grad_(True)
+            params.append(inducing_points)
+        _, bounds = get_parameters_and_bounds(self)
+        named = dict(self.named_parameters())
+        optimizer = torch.optim.Adam(params, lr=self.lr)
+        for _ in range(self.steps_per_batch):
+            optimizer.zero_grad()
+            self._loss(X_t, y, inducing_points, shared).backward()
+            optimizer.step()
+            # BoTorch's constraints are enforced by the optimizer, not a transform.
+            with torch.no_grad():
+                for name, (lower, upper) in bounds.items():
+                    named[name].clamp_(
+                        min=None if lower is None else lower, max=None if upper is None else upper
+                    )
+        return inducing_points.detach()
+
+    def _absorb(
+        self, X_t: Tensor, y: Tensor, inducing: tuple[Tensor, Tensor | None] | None = None
+    ) -> None:
+        r"""Move the inducing set, optionally optimise, and absorb ``(X_t, y)``.
+
+        On any failure (e.g. a non-finite bound after optimisation) the model and its
+        selector are restored to their previous state before the error propagates.
+        """
+        saved_state = {k: v.detach().clone() for k, v in self.state_dict().items()}
+        saved_selector = (
+            None if self.inducing_selector is None else dict(self.inducing_selector.__dict__)
+        )
+        saved_generator = self._generator.get_state()
+        try:
+            Z, shared = self._next_inducing_points(X_t) if inducing is None else inducing
+            if self.steps_per_batch > 0:
+                Z = self._optimize(X_t, y, Z, shared)
+            with torch.no_grad():
+                bound, factor = self._bound(X_t, y, Z, shared)
+            if not torch.isfinite(bound) or not torch.isfinite(factor.root).all():
+                raise ValueError(
+                    "The online bound is not finite after this batch; the kernel "
+                    "hyperparameters may have diverged (lower lr) or K_ZZ is too "
+                    "ill-conditioned (raise jitter)."
+                )
+        except Exception:
+            self._restore_buffers(saved_state)
+            if saved_selector is not None:
+                self.inducing_selector.__dict__.update(saved_selector)
+            self._generator.set_state(saved_generator)
+            raise
+        self._set_pseudo_observations(factor)
+        self.num_observed = self.num_observed + X_t.shape[0]
+        self.last_bound = bound.detach()
+        self._clear_caches()
+
+    def _restore_buffers(self, state: dict[str, Tensor]) -> None:
+        for name in _STATE_BUFFERS:
+            setattr(self, name, state[name])
+        torch.nn.Module.load_state_dict(self, state)
+        self._invalidate()
+
+    # ------------------------------------------------------------ BoTorch API
+    def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True, **kwargs: Any):
+        r"""Load hyperparameters and the streaming state (e.g. to resume a stream).
+
+        The inducing set may have a different size than this model's; no training
+        data are re-transformed. Selector state is not part of the state dict.
+        """
+        for name in _STATE_BUFFERS:
+            if name in state_dict:
+                setattr(self, name, torch.empty_like(state_dict[name]))
+        self._clear_caches()
+        return torch.nn.Module.load_state_dict(self, state_dict, strict=strict)
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        if self._correction is None:
+            return torch.Size([])
+        return self._correction.gamma.shape[:-1]
+
+    def _set_transformed_inputs(self) -> None:
+        # Inputs are transformed when they arrive; no training inputs are stored.
+        pass
+
+    def _revert_to_original_inputs(self) -> None:
+        pass
+
+    def _transform_new_data(
+        self, X: Tensor, Y: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        r"""Pass new data through the frozen input and outcome transforms."""
+        input_tf = getattr(self, "input_transform", None)
+        outcome_tf = getattr(self, "outcome_transform", None)
+        with _eval_mode(input_tf), _eval_mode(outcome_tf):
+            X_t = input_tf(X) if input_tf is not None else X
+            if Y is not None and outcome_tf is not None:
+                Y, _ = outcome_tf(Y, X=X_t)
+        return X_t, Y
+
+    def _check_inputs(self, X: Tensor, name: str) -> None:
+        check_tensor(
+            X, name, like=self.pseudo_eta, min_dim=2, last_dim=self.inducing_points.shape[-1]
+        )
+
+    def forward(self, X: Tensor) -> MultivariateNormal:
+        r"""Posterior of the latent function at already-transformed inputs ``X``."""
+        posterior = self.sparse_posterior()
+        mean, covar = predict(self.covar_module, posterior, self._current_correction(), X)
+        covar = covar.expand(*mean.shape, mean.shape[-1])
+        return MultivariateNormal(mean, DenseLinearOperator(covar))
+
+    def posterior(
+        self,
+        X: Tensor,
+        observation_noise: bool | Tensor = False,
+        posterior_transform: Any | None = None,
+        **kwargs: Any,
+    ) -> GPyTorchPosterior:
+        r"""Joint posterior over the ``q`` points of ``batch_shape x q x d`` inputs ``X``.
+
+        Args:
+            X: Inputs in the original (untransformed) space.
+            observation_noise: If True, add the noise variance; if a
+                ``batch_shape x q x 1`` tensor, add it (outcome-transformed space).
+            posterior_transform: Optional BoTorch posterior transform.
+
+        Returns:
+            A ``GPyTorchPosterior`` of shape ``broadcast(batch, model.batch) x q x 1``.
+        """
+        self._check_inputs(X, "X")
+        self.eval()
+        X_t = self.transform_inputs(X)
+        mvn = self(X_t)
+        if observation_noise is not False:
+            if isinstance(observation_noise, Tensor):
+                noise = observation_noise.squeeze(-1)
+            else:
+                noise = self.noise_variance.expand(mvn.mean.shape)
+            covar = mvn.covariance_matrix + torch.diag_embed(noise.expand(mvn.mean.shape))
+            mvn = MultivariateNormal(mvn.mean, DenseLinearOperator(covar))
+        posterior = GPyTorchPosterior(distribution=mvn)
+        if hasattr(self, "outcome_transform"):
+            posterior = self.outcome_transform.untransform_posterior(posterior, X=X_t)
+        if posterior_transform is not None:
+            return posterior_transform(posterior=posterior, X=X_t)
+        return posterior
+
+    # -------------------------------------------------------------- updates
+    def observe(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> OnlineSGPR:
+        r"""Absorb a batch in place: move the inducing set, optimise, update ``q(u)``.
+
+        Cost ``O(M^2 (q + M) + M^3)`` per batch (times ``steps_per_batch + 1``),
+        independent of the number of observations seen before. Data absorbed by
+        ``condition_on_observations`` (unbatched) are absorbed together with this batch.
+
+        Args:
+            X: ``q x d`` new inputs (original space).
+            Y: ``q x 1`` new targets (original space).
+            Yvar: Must be None: the model learns one homoskedastic noise level (the
+                argument exists for the common streaming-model signature).
+
+        Returns:
+            The model itself. On invalid input, raises and leaves the model unchanged.
+        """
+        if Yvar is not None:
+            raise ValueError(
+                "Yvar must be None: OnlineSGPR learns a homoskedastic noise level "
+                "(observed noise variances are not supported)."
+            )
+        self._check_inputs(X, "X")
+        if X.dim() != 2:
+            raise ValueError(f"X must have shape q x d, got {tuple(X.shape)}.")
+        check_targets(check_tensor(Y, "Y", like=self.pseudo_eta, min_dim=2), "Y", len(X))
+        if self._conditioning_log and len(self.batch_shape) > 0:
+            raise RuntimeError(
+                "observe is not available on a model conditioned on batched (fantasy) "
+                "observations; observe on the parent model instead."
+            )
+        X_t, Y_t = self._transform_new_data(X, Y)
+        y = Y_t.squeeze(-1)
+        if self._conditioning_log:
+            X_t = torch.cat([entry[0].detach() for entry in self._conditioning_log] + [X_t])
+            y = torch.cat([entry[1].detach() for entry in self._conditioning_log] + [y])
+        if len(X_t) == 0:
+            return self
+        self._absorb(X_t.detach(), y.detach())
+        return self
+
+    def condition_on_observations(
+        self, X: Tensor, Y: Tensor, noise: Tensor | None = None, **kwargs: Any
+    ) -> OnlineSGPR:
+        r"""A new model whose ``q(u)`` is conditioned on ``(X, Y)`` in closed form.
+
+        Online variational conditioning (Maddox et al., 2021): ``q(u)`` is updated by
+        the exact Gaussian rule for ``y = K_XZ K_ZZ^{-1} u + eps`` (the collapsed
+        optimum with fixed inducing points and hyperparameters). The new model is a
+        rank-``q`` view of this one (no ``M x M`` copies), batched over candidate sets
+        and fantasy samples (which share the covariance update), and differentiable
+        in ``X``. It shares the kernel, likelihood and transforms with this model.
+
+        Args:
+            X: ``batch_shape x q x d`` inputs (original space).
+            Y: ``sample_shape x batch_shape x q x 1`` targets (original space).
+            noise: Optional ``batch_shape x q x 1`` noise variances in the
+                outcome-transformed space; default: the model's noise level.
+
+        Returns:
+            An ``OnlineSGPR`` with batch shape ``sample_shape + broadcast(batch, model.batch)``.
+        """
+        self._check_inputs(X, "X")
+        check_tensor(Y, "Y", like=self.pseudo_eta, min_dim=2, last_dim=1)
+        if Y.shape[-2] != X.shape[-2]:
+            raise ValueError(f"Y has {Y.shape[-2]} points per batch but X has {X.shape[-2]}.")
+        if noise is not None:
+            check_tensor(noise, "noise", like=self.pseudo_eta, min_dim=2, last_dim=1)
+            check_positive(noise, "noise")
+        if self.num_inducing == 0:
+            raise ValueError(
+                "The model has no inducing points yet, so q(u) cannot be conditioned; "
+                "observe some data first (or pass inducing_points)."
+            )
+        X_t, Y_t = self._transform_new_data(X, Y)
+        self.sparse_posterior()
+        y = Y_t.squeeze(-1)
+        if noise is None:
+            noise_q = self.noise_variance.detach().expand(X.shape[:-1])
+        else:
+            noise_q = noise.squeeze(-1)
+        correction = self._condition_correction(X_t, y, noise_q)
+        new = self._view()
+        new._correction = correction
+        new._conditioning_log = [*self._conditioning_log, (X_t, y, noise_q)]
+        return new
+
+    def _view(self) -> OnlineSGPR:
+        r"""A new model object sharing this one's tensors and hyperparameter modules.
+
+        ``observe`` replaces state tensors rather than writing into them, so a view
+        is unaffected by later updates of its parent.
+        """
+        new = self.__class__.__new__(self.__class__)
+        new.__dict__ = {
+            key: value.copy() if isinstance(value, dict) else value
+            for key, value in self.__dict__.items()
+        }
+        # Own random stream and selector (a shallow copy is an independent fork), so
+        # that ``observe`` on the view never moves the parent's inducing set.
+        new._generator = torch.Generator().set_state(self._generator.get_state())
+        new.inducing_selector = copy.copy(self.inducing_selector)
+        return new
