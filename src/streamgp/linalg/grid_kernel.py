@@ -69,6 +69,30 @@ def _axis_points(grid: list[Tensor], axis: int) -> Tensor:
     return pts
 
 
+def is_separable(covar_module: Kernel) -> bool:
+    r"""True when ``K_UU`` of ``covar_module`` is a Kronecker product (RBF, scaled RBF)."""
+    return _is_separable(covar_module)
+
+
+def grid_kernel_factors(covar_module: Kernel, grid: list[Tensor]) -> tuple[list[Tensor], Tensor]:
+    r"""1-D Cholesky factors ``L_i`` and ``c`` with ``c kron(L_1, ..., L_d) ~ root of K_UU``.
+
+    Only for separable kernels (:func:`is_separable`); costs ``O(sum_i g_i^3)``.
+
+    Raises:
+        ValueError: If the kernel is not separable.
+    """
+    if not _is_separable(covar_module):
+        raise ValueError(
+            f"covar_module {type(covar_module).__name__} does not factor over dimensions; "
+            "Kronecker roots need an (optionally scaled) RBF kernel."
+        )
+    factors = [covar_module(_axis_points(grid, i)).to_dense() for i in range(len(grid))]
+    diag = factors[0][0, 0]
+    roots = [jittered_cholesky(K_i) for K_i in factors]
+    return roots, diag.rsqrt() ** (len(grid) - 1)
+
+
 def grid_kernel_root(covar_module: Kernel, grid: list[Tensor]) -> Tensor:
     r"""Dense ``m x m`` lower-triangular-per-factor root ``L`` with ``L L^T ~ K_UU``.
 
@@ -81,12 +105,11 @@ def grid_kernel_root(covar_module: Kernel, grid: list[Tensor]) -> Tensor:
         hyperparameters.
     """
     if _is_separable(covar_module):
-        factors = [covar_module(_axis_points(grid, i)).to_dense() for i in range(len(grid))]
-        diag = factors[0][0, 0]
-        root = jittered_cholesky(factors[0])
-        for K_i in factors[1:]:
-            root = torch.kron(root, jittered_cholesky(K_i) / diag.sqrt())
-        return root
+        factors, scale = grid_kernel_factors(covar_module, grid)
+        root = factors[0]
+        for L_i in factors[1:]:
+            root = torch.kron(root, L_i)
+        return root * scale
     points = torch.cartesian_prod(*grid) if len(grid) > 1 else grid[0].unsqueeze(-1)
     return jittered_cholesky(covar_module(points).to_dense())
 
