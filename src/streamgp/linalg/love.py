@@ -239,7 +239,8 @@ def lanczos_root(
         matvec: Product with ``M``: ``batch x m`` to ``batch x m``.
         trace: ``batch`` exact traces ``tr(M)`` (e.g. ``|R|_F^2`` for ``M = R R^T``).
         size: ``m``.
-        tol: Relative tolerance on the residual trace, ``tr(M - R R^T) / tr(M)``.
+        tol: Relative tolerance on the residual trace, ``tr(M - R R^T) / tr(M)``;
+            ``0`` runs to ``k = m`` (or ``max_rank``).
         max_rank: Optional cap on ``k`` (the certificate then says what was reached).
         init: Optional ``batch x m`` start vectors; default: deterministic
             pseudo-random Gaussian vectors (a start vector with no component along
@@ -267,7 +268,9 @@ def lanczos_root(
     def converged(diagonal: Tensor) -> bool:
         return bool((diagonal.sum(-1) >= target).all())
 
-    decomposition = _lanczos_iterations(matvec, init, max_rank or size, stop=converged)
+    # tol = 0 asks for the full Krylov space (k = m, or max_rank): exact to round-off.
+    stop = converged if tol > 0 else None
+    decomposition = _lanczos_iterations(matvec, init, max_rank or size, stop=stop)
     root = nystrom_root(decomposition)
     residual = (trace - root.square().sum((-2, -1))).clamp_min(0.0)
     return LanczosRoot(root=root, trace=trace, residual_trace=residual)

@@ -263,7 +263,9 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
                 f"{type(self.covar_module).__name__}. Use a coarser grid_size."
             )
         empty_A = (
-            torch.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long), [], (m, m), **tkwargs)
+            torch.sparse_coo_tensor(
+                torch.zeros(2, 0, dtype=torch.long), [], (m, m), check_invariants=False, **tkwargs
+            )
             if self.structured
             else torch.zeros(m, m, **tkwargs)
         )
