@@ -3,10 +3,13 @@
 from streamgp.linalg.grid_kernel import (
     GridKernelRoot,
     cholesky_with_jitter,
+    grid_kernel_factors,
     grid_kernel_matrix,
     grid_kernel_root,
+    is_separable,
     jittered_cholesky,
 )
+from streamgp.linalg.love import LanczosRoot, lanczos, lanczos_root, sample_with_root
 from streamgp.linalg.sparse_gp import (
     PseudoObservations,
     SparsePosterior,
@@ -25,16 +28,22 @@ from streamgp.linalg.woodbury import (
 __all__ = [
     "GridKernelRoot",
     "GridPosterior",
+    "LanczosRoot",
     "PseudoObservations",
     "SparsePosterior",
     "cholesky_with_jitter",
+    "grid_kernel_factors",
+    "is_separable",
     "LowRankCorrection",
     "factorize",
     "fold_low_rank",
     "grid_kernel_matrix",
     "grid_kernel_root",
     "jittered_cholesky",
+    "lanczos",
+    "lanczos_root",
     "log_marginal_likelihood",
+    "sample_with_root",
     "sparse_posterior",
     "streaming_collapsed_bound",
     "update_root",

@@ -128,9 +128,47 @@ class GridKernelRoot:
         r"""``L^T @ rhs`` for ``rhs`` of shape ``m`` or ``m x p``."""
         return self._apply([f.mT for f in self.factors], rhs)
 
+    def kernel_trace(self) -> Tensor:
+        r"""``tr(L L^T) = prod_i |L_i|_F^2``, without forming ``L``."""
+        return torch.stack([f.square().sum() for f in self.factors]).prod()
+
+    def kernel_entries(self, rows: Tensor, cols: Tensor) -> Tensor:
+        r"""Entries ``(L L^T)[rows, cols]`` from the small per-axis kernel matrices."""
+        out = torch.ones(rows.shape, dtype=self.factors[0].dtype, device=rows.device)
+        row_rest, col_rest = rows, cols
+        for factor in reversed(self.factors):
+            size = factor.shape[-1]
+            out = out * (factor @ factor.mT)[row_rest % size, col_rest % size]
+            row_rest, col_rest = row_rest // size, col_rest // size
+        return out
+
     def to_dense(self) -> Tensor:
         r"""Dense ``m x m`` ``L``."""
         return functools.reduce(torch.kron, self.factors)
+
+
+def is_separable(covar_module: Kernel) -> bool:
+    r"""True when ``K_UU`` of ``covar_module`` is a Kronecker product (RBF, scaled RBF)."""
+    return _is_separable(covar_module)
+
+
+def grid_kernel_factors(covar_module: Kernel, grid: list[Tensor]) -> tuple[list[Tensor], Tensor]:
+    r"""1-D Cholesky factors ``L_i`` and ``c`` with ``c kron(L_1, ..., L_d) ~ root of K_UU``.
+
+    Only for separable kernels (:func:`is_separable`); costs ``O(sum_i g_i^3)``.
+
+    Raises:
+        ValueError: If the kernel is not separable.
+    """
+    if not _is_separable(covar_module):
+        raise ValueError(
+            f"covar_module {type(covar_module).__name__} does not factor over dimensions; "
+            "Kronecker roots need an (optionally scaled) RBF kernel."
+        )
+    factors = [covar_module(_axis_points(grid, i)).to_dense() for i in range(len(grid))]
+    diag = factors[0][0, 0]
+    roots = [jittered_cholesky(K_i) for K_i in factors]
+    return roots, diag.rsqrt() ** (len(grid) - 1)
 
 
 def grid_kernel_root(covar_module: Kernel, grid: list[Tensor]) -> GridKernelRoot:
@@ -145,11 +183,8 @@ def grid_kernel_root(covar_module: Kernel, grid: list[Tensor]) -> GridKernelRoot
         hyperparameters.
     """
     if _is_separable(covar_module):
-        factors = [covar_module(_axis_points(grid, i)).to_dense() for i in range(len(grid))]
-        diag = factors[0][0, 0]
-        roots = [jittered_cholesky(factors[0])]
-        roots += [jittered_cholesky(K_i) / diag.sqrt() for K_i in factors[1:]]
-        return GridKernelRoot(tuple(roots))
+        factors, scale = grid_kernel_factors(covar_module, grid)
+        return GridKernelRoot((factors[0] * scale, *factors[1:]))
     points = torch.cartesian_prod(*grid) if len(grid) > 1 else grid[0].unsqueeze(-1)
     return GridKernelRoot((jittered_cholesky(covar_module(points).to_dense()),))
 

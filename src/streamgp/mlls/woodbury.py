@@ -45,6 +45,12 @@ class WoodburyMarginalLogLikelihood(MarginalLogLikelihood):
         r"""Evaluate the MLL; positional arguments (output, targets) are ignored."""
         model = self.model
         A, b, c, n, sum_log_noise = model.weighted_statistics()
+        if A.is_sparse:
+            raise ValueError(
+                f"The marginal likelihood needs a dense grid (at most {model.MAX_DENSE_GRID} "
+                f"points); this model's grid has {A.shape[-1]}. Fit the hyperparameters on a "
+                "coarser grid and copy them."
+            )
         L_K = grid_kernel_root(model.covar_module, model.interpolation.grid)
         res = log_marginal_likelihood(L_K, A, b, c, n, sum_log_noise)
         for _, module, prior, closure, _ in self.named_priors():

@@ -22,6 +22,32 @@ grid lives in the transformed input space. With ``Standardize`` this means the
 mean and scale of the first batch are kept for the whole stream (exactly what
 BoTorch's own ``condition_on_observations`` does), so the sufficient statistics
 never need rescaling.
+
+LOVE (Pleiss et al., "Constant-Time Predictive Distributions for Gaussian
+Processes", ICML 2018; :mod:`streamgp.linalg.love`). Inside
+``gpytorch.settings.fast_pred_var()`` or ``fast_pred_samples()`` the posterior
+covariance is ``(W_* R_k)(W_* R_k)^T`` with a rank-``k`` root ``R_k`` of the grid
+posterior covariance, returned as a ``RootLinearOperator``: a variance costs
+``O(4^d k)`` and ``s`` joint samples at ``t`` points ``O(s k t)`` (BoTorch samplers
+draw ``k``-dimensional base samples for it). The rank is not fixed: it is the
+smallest for which the uncaptured trace is at most ``love_tolerance`` times
+``tr(Sigma_U)`` (default ``1e-8``), so every LOVE variance ``v_k(x)`` satisfies
+``0 <= v(x) - v_k(x) <= |w(x)|^2 love_tolerance tr(Sigma_U)``. The root is derived
+lazily from the current grid posterior (``O(m^2 k)``, independent of ``n``) and
+reused until ``observe`` or a hyperparameter change replaces that posterior.
+
+Accuracy by default: this class implements ``posterior`` itself, so BoTorch's
+``gpt_posterior_settings`` (which switches ``fast_pred_var`` on) never applies;
+without the switches, grids of at most ``MAX_DENSE_GRID`` points use the exact
+dense root. Models conditioned on observations (fantasies) use the exact path even
+under the switches (their correction lives in the coordinates of the exact root).
+
+Large grids (``m > MAX_DENSE_GRID``, e.g. ``22^3``) never form an ``m x m`` matrix:
+``A = W^T Lambda^{-1} W`` is stored sparse, ``K_UU`` as Kronecker factors (separable
+kernels only), and the grid posterior itself is the LOVE root of
+:func:`streamgp.linalg.structured.structured_grid_posterior`, rebuilt lazily from
+the statistics after ``observe`` (cost independent of ``n``). The marginal
+likelihood is not available for them (fit hyperparameters on a coarser grid).
 """
 
 from __future__ import annotations
@@ -35,7 +61,7 @@ import torch
 from botorch.models.gpytorch import GPyTorchModel
 from botorch.models.model import FantasizeMixin
 from botorch.models.transforms.input import InputTransform
-from botorch.models.transforms.outcome import OutcomeTransform
+from botorch.models.transforms.outcome import OutcomeTransform, Standardize
 from botorch.models.utils.gpytorch_modules import (
     get_covar_module_with_dim_scaled_prior,
     get_gaussian_likelihood_with_lognormal_prior,
@@ -45,11 +71,23 @@ from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel
 from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
 from gpytorch.models import GP
-from linear_operator.operators import DenseLinearOperator
+from gpytorch.settings import fast_pred_samples, fast_pred_var
+from linear_operator.operators import (
+    DenseLinearOperator,
+    DiagLinearOperator,
+    LowRankRootAddedDiagLinearOperator,
+    LowRankRootLinearOperator,
+    RootLinearOperator,
+)
 from torch import Tensor
 
 from streamgp.interpolation.grid import CubicGridInterpolation, InterpolationWeights
-from streamgp.linalg.grid_kernel import grid_kernel_root
+from streamgp.linalg.grid_kernel import grid_kernel_root, is_separable
+from streamgp.linalg.love import DEFAULT_TOLERANCE, lanczos_root
+from streamgp.linalg.structured import (
+    sparse_weighted_gram,
+    structured_grid_posterior,
+)
 from streamgp.linalg.woodbury import (
     GridPosterior,
     LowRankCorrection,
@@ -121,6 +159,11 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
     """
 
     _num_outputs = 1
+    #: Largest grid that keeps the exact dense ``m x m`` root; larger grids use the
+    #: structured LOVE path (decided at construction).
+    MAX_DENSE_GRID = 4096
+    #: LOVE tolerance (relative uncaptured trace of ``Sigma_U``); settable per model.
+    love_tolerance: float = DEFAULT_TOLERANCE
     #: Rows per chunk when accumulating the statistics of the constructor's data.
     STATISTICS_CHUNK = 8192
 
@@ -211,8 +254,22 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
             ).to(**tkwargs)
 
         m = self.interpolation.num_grid
+        self.structured = m > self.MAX_DENSE_GRID
+        if self.structured and not is_separable(self.covar_module):
+            raise ValueError(
+                f"A grid of {m} > MAX_DENSE_GRID = {self.MAX_DENSE_GRID} points needs a "
+                "Kronecker-structured kernel (RBF or ScaleKernel(RBF)); got "
+                f"{type(self.covar_module).__name__}. Use a coarser grid_size."
+            )
+        empty_A = (
+            torch.sparse_coo_tensor(
+                torch.zeros(2, 0, dtype=torch.long), [], (m, m), check_invariants=False, **tkwargs
+            )
+            if self.structured
+            else torch.zeros(m, m, **tkwargs)
+        )
         for name, value in [
-            ("stat_A", torch.zeros(m, m, **tkwargs)),
+            ("stat_A", empty_A),
             ("stat_b", torch.zeros(m, **tkwargs)),
             ("stat_c", torch.zeros((), **tkwargs)),
             ("stat_n", torch.zeros((), **tkwargs)),
@@ -243,6 +300,8 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         r"""Drop derived factors; the next prediction rebuilds them from the statistics."""
         self._grid_posterior: GridPosterior | None = None
         self._hyper_snapshot: list[Tensor] | None = None
+        # (exact grid posterior it was derived from, tolerance, LOVE grid posterior)
+        self._love_cache: tuple[GridPosterior, float, GridPosterior] | None = None
 
     def _apply(self, fn, *args, **kwargs):
         # Device/dtype moves: statistics are buffers; the grid and caches follow.
@@ -278,8 +337,12 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
             precision = noise.reciprocal()
             log_noise = noise.log().sum()
             noise_sum = noise.sum()
+        if self.structured:
+            new_A = (stats["A"] + sparse_weighted_gram(weights, precision)).coalesce()
+        else:
+            new_A = stats["A"] + weights.weighted_gram(precision)
         return {
-            "A": stats["A"] + weights.weighted_gram(precision),
+            "A": new_A,
             "b": stats["b"] + weights.t_matvec(precision * y),
             "c": stats["c"] + (precision * y * y).sum(),
             "n": stats["n"] + y.numel(),
@@ -346,7 +409,12 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
             with torch.no_grad():
                 A, b, *_ = self._noise_weighted()
                 L_K = grid_kernel_root(self.covar_module, self.interpolation.grid)
-                self._grid_posterior = factorize(L_K, A, b)
+                if self.structured:
+                    self._grid_posterior = structured_grid_posterior(
+                        L_K, A, b, tol=self.love_tolerance
+                    ).posterior
+                else:
+                    self._grid_posterior = factorize(L_K, A, b)
                 self._hyper_snapshot = [p.detach().clone() for p in self._hyperparameters()]
             # Replay conditioning (keeps gradients w.r.t. the conditioning inputs).
             self._correction = None
@@ -358,7 +426,11 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
 
     def _current_correction(self) -> LowRankCorrection:
         if self._correction is None:
-            return LowRankCorrection.empty(self.interpolation.num_grid, self.stat_b)
+            # Rows of V index the root's columns (m, or k for a low-rank root).
+            width = self.interpolation.num_grid
+            if self._grid_posterior is not None:
+                width = self._grid_posterior.root.shape[-1]
+            return LowRankCorrection.empty(width, self.stat_b)
         return self._correction
 
     def _fold_conditioning(self) -> None:
@@ -419,10 +491,44 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
     def _check_inputs(self, X: Tensor, name: str, min_dim: int = 2) -> None:
         check_tensor(X, name, like=self.stat_b, min_dim=min_dim, last_dim=self.interpolation.dim)
 
+    def love_grid_posterior(self) -> GridPosterior | None:
+        r"""The grid posterior with a rank-``k`` LOVE root, or None for the exact path.
+
+        Large grids always have one (their grid posterior is LOVE's). Dense grids
+        have one inside ``fast_pred_var`` / ``fast_pred_samples`` for models without
+        a conditioning correction: the Nystrom root of ``R R^T`` of the rank that
+        meets ``love_tolerance``, cached until the exact posterior is replaced.
+        """
+        posterior = self.grid_posterior()
+        if self._correction is not None:
+            return None
+        if self.structured:
+            return posterior
+        if not (fast_pred_var.on() or fast_pred_samples.on()):
+            return None
+        cache = self._love_cache
+        if cache is None or cache[0] is not posterior or cache[1] != self.love_tolerance:
+            R = posterior.root
+            with torch.no_grad():
+                love = lanczos_root(
+                    lambda v: (R @ (R.mT @ v.unsqueeze(-1))).squeeze(-1),
+                    R.square().sum(),
+                    R.shape[-2],
+                    tol=self.love_tolerance,
+                )
+            cache = (posterior, self.love_tolerance, GridPosterior(love.root, posterior.mean))
+            self._love_cache = cache
+        return cache[2]
+
     def forward(self, X: Tensor) -> MultivariateNormal:
         r"""Posterior of the latent function at already-transformed inputs ``X``."""
         posterior = self.grid_posterior()
         weights = self.interpolation.weights(X)
+        love = self.love_grid_posterior()
+        if love is not None:
+            # Sparse W_* times the m x k root: t x k, never t x 4^d x m.
+            root = weights.matmul(love.root)
+            return MultivariateNormal(weights.dot(love.mean), RootLinearOperator(root))
         mean, covar = self._current_correction().predict(posterior, weights)
         covar = covar.expand(*mean.shape, mean.shape[-1])
         # A LinearOperator defers factorisation to whoever needs it (samplers add
@@ -453,6 +559,8 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         X_t = self.transform_inputs(X)
         self.interpolation.check_inside(X_t, "X")
         mvn = self(X_t)
+        if isinstance(mvn.lazy_covariance_matrix, RootLinearOperator):
+            return self._love_posterior(mvn, X_t, observation_noise, posterior_transform)
         if observation_noise is not False:
             if isinstance(observation_noise, Tensor):
                 noise = observation_noise.squeeze(-1)
@@ -463,6 +571,43 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         posterior = GPyTorchPosterior(distribution=mvn)
         if hasattr(self, "outcome_transform"):
             posterior = self.outcome_transform.untransform_posterior(posterior, X=X_t)
+        if posterior_transform is not None:
+            return posterior_transform(posterior=posterior, X=X_t)
+        return posterior
+
+    def _love_posterior(
+        self,
+        mvn: MultivariateNormal,
+        X_t: Tensor,
+        observation_noise: bool | Tensor,
+        posterior_transform: Any | None,
+    ) -> GPyTorchPosterior:
+        r"""A posterior that keeps the LOVE root (fast variances and samples)."""
+        mean, root = mvn.mean, mvn.lazy_covariance_matrix.root.to_dense()
+        noise = None
+        if observation_noise is not False:
+            if isinstance(observation_noise, Tensor):
+                noise = observation_noise.squeeze(-1).expand(mean.shape)
+            else:
+                noise = self.noise_variance.expand(mean.shape)
+        outcome_tf = getattr(self, "outcome_transform", None)
+        if type(outcome_tf) is Standardize:
+            # Scale the root itself: Standardize's generic untransform would wrap it in
+            # a product operator and lose the k-dimensional base samples.
+            scale = outcome_tf.stdvs.reshape(())
+            mean = outcome_tf.means.reshape(()) + scale * mean
+            root = scale * root
+            noise = None if noise is None else noise * scale.square()
+            outcome_tf = None
+        if noise is None:
+            covar = RootLinearOperator(root)
+        else:
+            covar = LowRankRootAddedDiagLinearOperator(
+                LowRankRootLinearOperator(root), DiagLinearOperator(noise)
+            )
+        posterior = GPyTorchPosterior(distribution=MultivariateNormal(mean, covar))
+        if outcome_tf is not None:
+            posterior = outcome_tf.untransform_posterior(posterior, X=X_t)
         if posterior_transform is not None:
             return posterior_transform(posterior=posterior, X=X_t)
         return posterior
@@ -509,10 +654,13 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         y = Y_t.squeeze(-1)
         noise = None if Yvar_t is None else Yvar_t.squeeze(-1)
         with torch.no_grad():
-            posterior = self.grid_posterior()
-            update_noise = self.noise_variance.expand_as(y) if noise is None else noise
-            new_posterior = update_root(posterior, weights, y, update_noise)
             new_stats = self._added_statistics(weights, y, noise)
+            if self.structured:  # the LOVE root is rebuilt lazily from the statistics
+                new_posterior = None
+            else:
+                posterior = self.grid_posterior()
+                update_noise = self.noise_variance.expand_as(y) if noise is None else noise
+                new_posterior = update_root(posterior, weights, y, update_noise)
         self._grid_posterior = new_posterior
         self._set_statistics(new_stats)
         return self

@@ -1,0 +1,156 @@
+"""LOVE roots (streamgp.linalg.love) against dense float64 linear algebra."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from streamgp.linalg.love import (
+    lanczos,
+    lanczos_root,
+    nystrom_root,
+    sample_with_root,
+)
+
+DTYPE = torch.float64
+
+
+def psd_matrix(m: int, decay: float, rank: int | None = None) -> torch.Tensor:
+    """Random PSD matrix with geometrically decaying spectrum (optionally low rank)."""
+    cols = m if rank is None else rank
+    L = torch.randn(m, cols, dtype=DTYPE) * decay ** torch.arange(cols, dtype=DTYPE)
+    return L @ L.T
+
+
+def gp_posterior_covariance(m: int = 120) -> torch.Tensor:
+    """Dense exact-GP posterior covariance on a 1-D grid (RBF, m/3 noisy observations)."""
+    x = torch.linspace(0, 1, m, dtype=DTYPE)
+    K = torch.exp(-0.5 * (x[:, None] - x[None, :]) ** 2 / 0.1**2)
+    idx = torch.randperm(m)[: m // 3]
+    Kxx = K[idx][:, idx] + 0.01 * torch.eye(len(idx), dtype=DTYPE)
+    Ksx = K[:, idx]
+    return K - Ksx @ torch.linalg.solve(Kxx, Ksx.T)
+
+
+def matvec_of(M: torch.Tensor):
+    return lambda v: (M @ v.unsqueeze(-1)).squeeze(-1)
+
+
+@pytest.mark.parametrize("decay", [0.7, 0.97])
+def test_lanczos_relation_and_orthogonality(decay):
+    M = psd_matrix(80, decay)
+    dec = lanczos(matvec_of(M), torch.randn(80, dtype=DTYPE), 30)
+    Q, T = dec.basis, dec.tridiagonal()
+    assert Q.shape == (80, 30) and T.shape == (30, 30)
+    assert (Q.T @ Q - torch.eye(30, dtype=DTYPE)).abs().max() < 1e-13
+    assert (Q.T @ M @ Q - T).abs().max() < 1e-12 * M.abs().max()
+    # M Q = Q T + beta_k q_{k+1} e_k^T
+    residual = M @ Q - Q @ T
+    expected = dec.off_diagonal[-1] * dec.next_vector
+    assert (residual[:, :-1]).abs().max() < 1e-12 * M.abs().max()
+    assert (residual[:, -1] - expected).abs().max() < 1e-12 * M.abs().max()
+
+
+def test_lanczos_batched_equals_individual_runs():
+    Ms = torch.stack([psd_matrix(40, 0.9), psd_matrix(40, 0.6)])
+    init = torch.randn(2, 40, dtype=DTYPE)
+    batched = lanczos(matvec_of(Ms), init, 12)
+    for i in range(2):
+        single = lanczos(matvec_of(Ms[i]), init[i], 12)
+        assert torch.allclose(batched.tridiagonal()[i], single.tridiagonal(), atol=1e-10)
+        assert torch.allclose(batched.basis[i], single.basis, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "M",
+    [psd_matrix(60, 0.9), psd_matrix(60, 1.0), psd_matrix(60, 0.9, rank=7)],
+    ids=["decaying", "flat", "rank7"],
+)
+def test_full_rank_root_reproduces_dense(M):
+    """k = m (tol = 0): the root reproduces M to round-off, also with restarts."""
+    res = lanczos_root(matvec_of(M), M.trace(), 60, tol=0.0)
+    assert (res.root @ res.root.T - M).abs().max() < 1e-12 * M.abs().max()
+    assert res.residual_trace < 1e-12 * M.trace()
+
+
+@pytest.mark.parametrize("tol", [1e-3, 1e-6, 1e-10])
+def test_adaptive_rank_meets_tolerance_and_is_one_sided(tol):
+    M = gp_posterior_covariance()
+    exact_var = M.diagonal()
+    res = lanczos_root(matvec_of(M), M.trace(), M.shape[0], tol=tol)
+    assert res.rank < M.shape[0]
+    assert res.residual_trace <= tol * M.trace()
+    # Nystrom: the residual is PSD, so variances are never above the exact ones
+    # (nor negative), and the gap is bounded by the residual trace.
+    residual = M - res.root @ res.root.T
+    assert torch.linalg.eigvalsh(residual).min() > -1e-12 * M.abs().max()
+    love_var = res.root.square().sum(-1)
+    assert (love_var >= 0).all()
+    assert (love_var <= exact_var + 1e-12).all()
+    assert (exact_var - love_var).max() <= res.residual_trace + 1e-12
+
+
+def test_smaller_tolerance_needs_larger_rank():
+    M = gp_posterior_covariance()
+    ranks = [lanczos_root(matvec_of(M), M.trace(), 120, tol=t).rank for t in (1e-2, 1e-6, 1e-12)]
+    assert ranks[0] < ranks[1] < ranks[2]
+
+
+def test_max_rank_caps_and_certificate_reports_the_gap():
+    M = psd_matrix(50, 0.98)
+    res = lanczos_root(matvec_of(M), M.trace(), 50, tol=0.0, max_rank=5)
+    assert res.rank == 5
+    assert torch.allclose(res.residual_trace, M.trace() - res.root.square().sum(), rtol=1e-12)
+    assert res.residual_trace > 0
+
+
+def test_batched_root_meets_tolerance_for_every_member():
+    Ms = torch.stack([gp_posterior_covariance(), psd_matrix(120, 0.8, rank=10)])
+    traces = Ms.diagonal(dim1=-2, dim2=-1).sum(-1)
+    res = lanczos_root(matvec_of(Ms), traces, 120, tol=1e-8)
+    assert res.root.shape[:2] == (2, 120)
+    assert (res.residual_trace <= 1e-8 * traces).all()
+    assert torch.allclose(res.residual_trace, traces - res.root.square().sum((-2, -1)))
+
+
+def test_nystrom_root_equals_explicit_formula():
+    M = psd_matrix(30, 0.9)
+    dec = lanczos(matvec_of(M), torch.randn(30, dtype=DTYPE), 8)
+    R = nystrom_root(dec)
+    Q = dec.basis
+    explicit = M @ Q @ torch.linalg.solve(Q.T @ M @ Q, Q.T @ M)
+    assert (R @ R.T - explicit).abs().max() < 1e-10 * M.abs().max()
+
+
+def test_sample_with_root_has_the_root_covariance():
+    M = gp_posterior_covariance(30)
+    root = lanczos_root(matvec_of(M), M.trace(), 30, tol=1e-10).root
+    mean = torch.randn(30, dtype=DTYPE)
+    z = torch.randn(200_000, root.shape[-1], dtype=DTYPE)
+    samples = sample_with_root(mean, root, z)
+    assert samples.shape == (200_000, 30)
+    centered = samples - mean
+    empirical = centered.T @ centered / len(z)
+    assert (empirical - M).abs().max() < 0.02 * M.abs().max()
+    assert (samples.mean(0) - mean).abs().max() < 0.01
+    with pytest.raises(ValueError, match="base_samples"):
+        sample_with_root(mean, root, torch.randn(4, root.shape[-1] + 1, dtype=DTYPE))
+
+
+def test_invalid_arguments_raise():
+    M = psd_matrix(10, 0.9)
+    with pytest.raises(ValueError, match="tol"):
+        lanczos_root(matvec_of(M), M.trace(), 10, tol=1.5)
+    with pytest.raises(ValueError, match="max_rank"):
+        lanczos_root(matvec_of(M), M.trace(), 10, max_rank=0)
+    with pytest.raises(ValueError, match="num_steps"):
+        lanczos(matvec_of(M), torch.randn(10, dtype=DTYPE), 0)
+    with pytest.raises(ValueError, match="init"):
+        lanczos(matvec_of(M), torch.randn(0, dtype=DTYPE), 3)
+
+
+def test_float32_root_is_accurate_to_its_precision():
+    M = gp_posterior_covariance(60).float()
+    res = lanczos_root(matvec_of(M), M.trace(), 60, tol=1e-4)
+    assert res.root.dtype == torch.float32
+    assert (res.root @ res.root.T - M).abs().max() < 1e-3 * M.abs().max()
