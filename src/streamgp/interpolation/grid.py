@@ -75,17 +75,32 @@ class InterpolationWeights:
             0, self.indices.reshape(-1), (self.values * vec.unsqueeze(-1)).reshape(-1)
         )
 
-    def weighted_gram(self, weights: Tensor) -> Tensor:
-        r"""``W^T diag(weights) W`` as a dense ``m x m`` matrix (unbatched weights only).
-
-        Costs ``O(N k^2)`` for the scatter plus an ``m x m`` allocation.
-        """
+    def _gram_entries(self, weights: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        # Row, column and value of every product w_ik w_il weights_i (duplicates summed
+        # by the caller), for all rows i of W.
         k = self.indices.shape[-1]
-        rows = self.indices.unsqueeze(-1).expand(-1, k, k).reshape(-1)
-        cols = self.indices.unsqueeze(-2).expand(-1, k, k).reshape(-1)
-        vals = (self.values.unsqueeze(-1) * self.values.unsqueeze(-2)) * weights.view(-1, 1, 1)
-        out = weights.new_zeros(self.num_grid, self.num_grid)
-        return out.index_put_((rows, cols), vals.reshape(-1), accumulate=True)
+        idx = self.indices.reshape(-1, k)
+        vals = self.values.reshape(-1, k)
+        rows = idx.unsqueeze(-1).expand(-1, k, k).reshape(-1)
+        cols = idx.unsqueeze(-2).expand(-1, k, k).reshape(-1)
+        prod = (vals.unsqueeze(-1) * vals.unsqueeze(-2)) * weights.reshape(-1, 1, 1)
+        return rows, cols, prod.reshape(-1)
+
+    def weighted_gram(self, weights: Tensor, sparse: bool = False) -> Tensor:
+        r"""``W^T diag(weights) W`` (unbatched weights only).
+
+        Dense ``m x m`` by default (``O(N k^2)`` scatter plus an ``m x m`` allocation);
+        with ``sparse=True`` a coalesced sparse COO tensor with at most ``7^d``
+        non-zeros per row, so memory is ``O(m 7^d)`` however many rows ``W`` has.
+        """
+        rows, cols, vals = self._gram_entries(weights)
+        m = self.num_grid
+        if sparse:
+            return torch.sparse_coo_tensor(
+                torch.stack([rows, cols]), vals, size=(m, m), check_invariants=False
+            ).coalesce()
+        out = weights.new_zeros(m, m)
+        return out.index_put_((rows, cols), vals, accumulate=True)
 
     def to_dense(self) -> Tensor:
         r"""Dense ``batch_shape x N x m`` matrix (for tests and small problems only)."""

@@ -40,28 +40,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from streamgp.interpolation.grid import InterpolationWeights
 from streamgp.linalg.grid_kernel import GridKernelRoot
 from streamgp.linalg.love import DEFAULT_TOLERANCE, lanczos_root
 from streamgp.linalg.woodbury import GridPosterior
-
-
-def sparse_weighted_gram(weights: InterpolationWeights, precision: Tensor) -> Tensor:
-    r"""``W^T diag(precision) W`` as a coalesced sparse ``m x m`` COO tensor.
-
-    At most ``7^d`` non-zeros per row (cubic weights touch ``4^d`` grid points),
-    so memory is ``O(m 7^d)`` however many rows ``W`` has.
-    """
-    k = weights.indices.shape[-1]
-    idx = weights.indices.reshape(-1, k)
-    vals = weights.values.reshape(-1, k)
-    rows = idx.unsqueeze(-1).expand(-1, k, k).reshape(-1)
-    cols = idx.unsqueeze(-2).expand(-1, k, k).reshape(-1)
-    prod = (vals.unsqueeze(-1) * vals.unsqueeze(-2)) * precision.reshape(-1, 1, 1)
-    m = weights.num_grid
-    return torch.sparse_coo_tensor(
-        torch.stack([rows, cols]), prod.reshape(-1), size=(m, m), check_invariants=False
-    ).coalesce()
 
 
 def conjugate_gradients(
@@ -131,7 +112,7 @@ def structured_grid_posterior(
     Example:
         >>> L_K = grid_kernel_root(kernel, interpolation.grid)
         >>> W = interpolation.weights(X)
-        >>> A = sparse_weighted_gram(W, torch.ones(len(X)) / noise)
+        >>> A = W.weighted_gram(torch.ones(len(X)) / noise, sparse=True)
         >>> post = structured_grid_posterior(L_K, A, W.t_matvec(y / noise), tol=1e-6)
     """
     m = L_K.num_grid

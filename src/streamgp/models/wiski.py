@@ -85,7 +85,6 @@ from streamgp.interpolation.grid import CubicGridInterpolation, InterpolationWei
 from streamgp.linalg.grid_kernel import grid_kernel_root, is_separable
 from streamgp.linalg.love import DEFAULT_TOLERANCE, lanczos_root
 from streamgp.linalg.structured import (
-    sparse_weighted_gram,
     structured_grid_posterior,
 )
 from streamgp.linalg.woodbury import (
@@ -338,7 +337,7 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
             log_noise = noise.log().sum()
             noise_sum = noise.sum()
         if self.structured:
-            new_A = (stats["A"] + sparse_weighted_gram(weights, precision)).coalesce()
+            new_A = (stats["A"] + weights.weighted_gram(precision, sparse=True)).coalesce()
         else:
             new_A = stats["A"] + weights.weighted_gram(precision)
         return {
