@@ -1,6 +1,7 @@
 """BoTorch models for online Gaussian-process regression."""
 
+from streamgp.models.local_gp import LocalGP
 from streamgp.models.osvgp import OnlineSVGP
 from streamgp.models.wiski import WiskiGP
 
-__all__ = ["OnlineSVGP", "WiskiGP"]
+__all__ = ["LocalGP", "OnlineSVGP", "WiskiGP"]
