@@ -445,3 +445,17 @@ def test_transforms_are_frozen_and_applied():
         post = model.posterior(X_raw[:4])
     assert post.mean.shape == (4, 1)
     assert (post.mean - Y_raw[:4]).abs().max() < 3 * Y_raw.std()
+
+
+def test_diverging_update_is_rolled_back(fitted):
+    model, _, _ = fitted
+    # An absurd SGD step sends the variational parameters to inf / NaN.
+    model.optimizer_cls = torch.optim.SGD
+    model.optimizer_kwargs = {"lr": 1e300}
+    model.keep_optimizer_state = False
+    state, n = _state(model)
+    X, Y = _toy(5, seed=7)
+    with pytest.raises(RuntimeError, match="non-finite"):
+        model.observe(X, Y, num_steps=3)
+    new_state, new_n = _state(model)
+    assert new_n == n and all(torch.equal(state[k], new_state[k]) for k in state)

@@ -582,8 +582,42 @@ class OnlineSVGP(Model, FantasizeMixin):
         if len(X) == 0:
             return self
         X_t, Y_t = transform_new_data(self, X, Y)
-        self._absorb(X_t, Y_t.squeeze(-1), num_steps)
+        snapshot = self._snapshot()
+        try:
+            self._absorb(X_t, Y_t.squeeze(-1), num_steps)
+            if not all(torch.isfinite(p).all() for p in self._trainable_parameters()):
+                raise RuntimeError(
+                    "The streaming update produced non-finite parameters (the optimizer "
+                    "diverged); the model was restored. Lower the learning rate."
+                )
+        except Exception:
+            self._restore(snapshot)
+            raise
         return self
+
+    def _snapshot(self) -> tuple:
+        r"""What :meth:`_restore` needs to undo a failed update (``O(M^2)`` copies)."""
+        modules = (self.model, self.likelihood)
+        states = [{k: v.clone() for k, v in m.state_dict().items()} for m in modules]
+        return (
+            self.model.variational_strategy,
+            states,
+            self.frozen_posterior,
+            self.num_observed,
+        )
+
+    def _restore(self, snapshot: tuple) -> None:
+        strategy, states, frozen, num_observed = snapshot
+        self.model.variational_strategy = strategy
+        for module, state in zip((self.model, self.likelihood), states, strict=True):
+            module.load_state_dict(state)
+        self.frozen_posterior = frozen
+        self.num_observed = num_observed
+        self._optimizer = None
+        self.model.eval()
+        self.likelihood.eval()
+        self.model.variational_strategy._clear_cache()
+        self._cache_snapshot = None
 
     def condition_on_observations(
         self, X: Tensor, Y: Tensor, noise: Tensor | None = None, **kwargs: Any
