@@ -1,6 +1,8 @@
 """BoTorch models for online Gaussian-process regression."""
 
+from streamgp.models.local_gp import LocalGP
 from streamgp.models.osgpr import OnlineSGPR
+from streamgp.models.osvgp import OnlineSVGP
 from streamgp.models.wiski import WiskiGP
 
-__all__ = ["OnlineSGPR", "WiskiGP"]
+__all__ = ["LocalGP", "OnlineSGPR", "OnlineSVGP", "WiskiGP"]

@@ -1,0 +1,347 @@
+r"""Local Gaussian process regression (LGP), as a BoTorch model.
+
+LGP (Nguyen-Tuong, Seeger & Peters, "Local Gaussian Process Regression for Real Time
+Online Model Learning and Control", NIPS 2008) partitions the stream among local
+exact GPs that share one set of hyperparameters (kernel, mean, noise). Each local
+model ``k`` has a centre ``c_k``, the mean of its inputs. Similarity is the kernel
+correlation ``w_k(x) = k(x, c_k) / sqrt(k(x, x) k(c_k, c_k))`` (``exp(-|x - c|^2 / 2 l^2)``
+for an RBF kernel, the Gaussian weighting of the paper).
+
+Insertion (:meth:`LocalGP.observe`, point by point in arrival order): a point joins
+the most similar local model if that similarity exceeds ``w_gen``, and otherwise
+starts a new local model centred on it. A local model holds at most ``n_max`` points;
+when a full model receives a point it **drops its oldest point** (a sliding window per
+region, so each local model tracks the most recent data where it lives, as a drifting
+online stream requires). Centres are recomputed as the mean of the points held.
+
+Prediction at ``x`` is the weighted average of the ``M = num_nearest`` most similar
+local models: ``mean(x) = sum_k v_k(x) mean_k(x)`` with normalised weights
+``v_k(x) = w_k(x) / sum_{j in top-M(x)} w_j(x)`` (``v_k = 0`` outside the top ``M``).
+The paper only specifies the mean. For a joint posterior over ``q`` points, the local
+GPs are treated as independent experts and the covariance is
+
+.. math::
+
+    \Sigma(x_i, x_j) = \sum_k \sqrt{v_k(x_i) v_k(x_j)} \; C_k(x_i, x_j),
+
+with ``C_k`` the local posterior covariance. Each term is ``D_k C_k D_k`` with a
+diagonal ``D_k``, so ``Sigma`` is positive semi-definite (a valid
+``GPyTorchPosterior`` for any BoTorch acquisition function); its diagonal is the
+weighted average of the local variances, so averaging does not shrink the variance;
+and with one local model it is that model's exact posterior covariance.
+
+Cost: an insertion is ``O(d K)`` (similarities to ``K`` centres); local Cholesky
+factors are rebuilt lazily, ``O(n_max^3)`` for each local model that changed. A
+prediction over ``q`` points costs ``O(K q n_max^2)`` (all local models are evaluated
+in one batched computation; weights zero out the ones outside the top ``M``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from botorch.models.model import Model
+from botorch.models.transforms.input import InputTransform
+from botorch.models.transforms.outcome import OutcomeTransform
+from botorch.posteriors.gpytorch import GPyTorchPosterior
+from gpytorch.distributions import MultivariateNormal
+from gpytorch.kernels import Kernel, RBFKernel, ScaleKernel
+from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
+from gpytorch.means import ConstantMean, Mean
+from linear_operator.operators import DenseLinearOperator
+from linear_operator.utils.cholesky import psd_safe_cholesky
+from torch import Tensor
+
+from streamgp.models.frozen_transforms import fit_frozen_transforms, transform_new_data
+from streamgp.utils.validation import check_targets, check_tensor
+
+
+class LocalGP(Model):
+    r"""Local GP regression (Nguyen-Tuong et al. 2008) with ``n_max`` points per local model.
+
+    Args:
+        train_X: ``n x d`` initial inputs (``n`` may be 0).
+        train_Y: ``n x 1`` initial targets.
+        covar_module: Kernel shared by all local models. Default:
+            ``ScaleKernel(RBFKernel(ard_num_dims=d))``.
+        mean_module: Prior mean shared by all local models. Default: ``ConstantMean()``.
+        likelihood: ``GaussianLikelihood`` shared by all local models (default: a new one).
+        w_gen: Similarity threshold in ``[0, 1)``: a point whose largest similarity to
+            a centre is not above ``w_gen`` starts a new local model. ``w_gen = 0``
+            never creates a second model for a stationary kernel with positive values.
+        n_max: Maximum number of points held by a local model.
+        num_nearest: ``M``, the number of most similar local models averaged in a prediction.
+        input_transform: Input transform, fitted on ``train_X`` and then frozen.
+        outcome_transform: Outcome transform, fitted on ``train_Y`` and then frozen.
+
+    Hyperparameters are whatever the shared modules hold (e.g. fitted on an initial
+    batch with an exact GP, as in the paper); :meth:`log_marginal_likelihood` (sum of
+    the local exact marginal likelihoods) can be maximised to learn them.
+
+    Example:
+        >>> X = torch.rand(500, 2, dtype=torch.float64)
+        >>> Y = torch.sin(6 * X).sum(-1, keepdim=True)
+        >>> model = LocalGP(X, Y, w_gen=0.3, n_max=100, num_nearest=3)
+        >>> X_new = torch.rand(10, 2, dtype=torch.float64)
+        >>> model.observe(X_new, torch.sin(6 * X_new).sum(-1, keepdim=True))
+        >>> posterior = model.posterior(torch.rand(4, 2, dtype=torch.float64))
+    """
+
+    _num_outputs = 1
+
+    def __init__(
+        self,
+        train_X: Tensor,
+        train_Y: Tensor,
+        *,
+        covar_module: Kernel | None = None,
+        mean_module: Mean | None = None,
+        likelihood: GaussianLikelihood | None = None,
+        w_gen: float = 0.5,
+        n_max: int = 100,
+        num_nearest: int = 3,
+        input_transform: InputTransform | None = None,
+        outcome_transform: OutcomeTransform | None = None,
+    ) -> None:
+        check_tensor(train_X, "train_X", min_dim=2)
+        if train_X.dim() != 2:
+            raise ValueError(f"train_X must have shape n x d, got {tuple(train_X.shape)}.")
+        check_targets(
+            check_tensor(train_Y, "train_Y", like=train_X, min_dim=2), "train_Y", len(train_X)
+        )
+        if not isinstance(w_gen, (int, float)) or not 0 <= w_gen < 1:
+            raise ValueError(f"w_gen must be a number in [0, 1), got {w_gen!r}.")
+        for name, value in [("n_max", n_max), ("num_nearest", num_nearest)]:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}.")
+        if likelihood is not None and (
+            not isinstance(likelihood, GaussianLikelihood)
+            or isinstance(likelihood, FixedNoiseGaussianLikelihood)
+        ):
+            raise TypeError(
+                "likelihood must be a gpytorch GaussianLikelihood (homoskedastic noise); "
+                f"got {type(likelihood).__name__}."
+            )
+        super().__init__()
+        dim = train_X.shape[-1]
+        tkwargs = {"dtype": train_X.dtype, "device": train_X.device}
+        train_X_t, train_Y_t = fit_frozen_transforms(
+            self, train_X, train_Y, input_transform, outcome_transform
+        )
+        self.covar_module = (
+            ScaleKernel(RBFKernel(ard_num_dims=dim)) if covar_module is None else covar_module
+        ).to(**tkwargs)
+        self.mean_module = (ConstantMean() if mean_module is None else mean_module).to(**tkwargs)
+        self.likelihood = (GaussianLikelihood() if likelihood is None else likelihood).to(**tkwargs)
+        self.w_gen = float(w_gen)
+        self.n_max = n_max
+        self.num_nearest = num_nearest
+        # Padded storage: local model k holds local_X[k, :counts[k]] in arrival order.
+        self.register_buffer("local_X", torch.zeros(0, n_max, dim, **tkwargs))
+        self.register_buffer("local_y", torch.zeros(0, n_max, **tkwargs))
+        self.register_buffer("counts", torch.zeros(0, dtype=torch.long, device=train_X.device))
+        self._factors: tuple[Tensor, Tensor] | None = None
+        self._hyper_snapshot: list[Tensor] | None = None
+        self._insert(train_X_t, train_Y_t.squeeze(-1))
+        self.eval()
+
+    # ------------------------------------------------------------------ state
+    @property
+    def num_outputs(self) -> int:
+        return self._num_outputs
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return torch.Size([])
+
+    @property
+    def num_local_models(self) -> int:
+        return len(self.counts)
+
+    @property
+    def centres(self) -> Tensor:
+        r"""``K x d`` centres: the mean input of each local model (transformed space)."""
+        mask = self._mask().unsqueeze(-1)
+        return (self.local_X * mask).sum(-2) / self.counts.clamp_min(1).unsqueeze(-1)
+
+    def local_data(self, k: int) -> tuple[Tensor, Tensor]:
+        r"""The (transformed) inputs and targets held by local model ``k``, oldest first."""
+        n = int(self.counts[k])
+        return self.local_X[k, :n], self.local_y[k, :n]
+
+    def _mask(self) -> Tensor:
+        positions = torch.arange(self.n_max, device=self.counts.device)
+        return (positions < self.counts.unsqueeze(-1)).to(self.local_y.dtype)
+
+    def _set_transformed_inputs(self) -> None:
+        # Inputs are transformed when they arrive; no training inputs are stored.
+        pass
+
+    def _revert_to_original_inputs(self) -> None:
+        pass
+
+    def _similarity(self, X: Tensor, centres: Tensor) -> Tensor:
+        r"""Kernel correlation ``k(x, c) / sqrt(k(x, x) k(c, c))``: ``... x q x K``."""
+        cross = self.covar_module(X, centres).to_dense()
+        k_xx = self.covar_module(X, diag=True)
+        k_cc = self.covar_module(centres, diag=True)
+        return cross / (k_xx.unsqueeze(-1) * k_cc.unsqueeze(-2)).sqrt()
+
+    def _insert(self, X: Tensor, y: Tensor) -> None:
+        r"""Insert transformed points one at a time (centres move as points arrive)."""
+        if len(X) == 0:
+            return
+        local_X, local_y, counts = self.local_X.clone(), self.local_y.clone(), self.counts.clone()
+        with torch.no_grad():
+            for x, target in zip(X, y, strict=True):
+                k = -1
+                if len(counts):
+                    mask = (torch.arange(self.n_max, device=counts.device) < counts[:, None]).to(
+                        local_y.dtype
+                    )
+                    centres = (local_X * mask[..., None]).sum(-2) / counts[:, None]
+                    similarity = self._similarity(x[None], centres).squeeze(0)
+                    best = int(similarity.argmax())
+                    if similarity[best] > self.w_gen:
+                        k = best
+                if k < 0:  # start a new local model at x
+                    local_X = torch.cat([local_X, local_X.new_zeros(1, *local_X.shape[1:])])
+                    local_y = torch.cat([local_y, local_y.new_zeros(1, self.n_max)])
+                    counts = torch.cat([counts, counts.new_zeros(1)])
+                    k = len(counts) - 1
+                n = int(counts[k])
+                if n == self.n_max:  # full: forget the oldest point
+                    local_X[k, :-1] = local_X[k, 1:].clone()
+                    local_y[k, :-1] = local_y[k, 1:].clone()
+                    n -= 1
+                local_X[k, n] = x
+                local_y[k, n] = target
+                counts[k] = n + 1
+        self.local_X, self.local_y, self.counts = local_X, local_y, counts
+        self._factors = None
+
+    def _hyperparameters(self) -> list[Tensor]:
+        return [p.detach() for p in self.parameters()]
+
+    def _local_factors(self) -> tuple[Tensor, Tensor]:
+        r"""Cholesky factors ``L_k`` and weights ``alpha_k`` of the padded local systems.
+
+        Padded rows/columns of ``K_k + s2 I`` are replaced by the identity, so
+        ``L_k = blockdiag(L_valid, I)`` and ``alpha_k`` is zero on the padding.
+        """
+        current = self._hyperparameters()
+        snapshot = self._hyper_snapshot
+        fresh = snapshot is not None and all(
+            a.shape == b.shape and torch.equal(a, b) for a, b in zip(current, snapshot, strict=True)
+        )
+        if self._factors is None or not fresh:
+            self._factors = self._compute_factors()
+            self._hyper_snapshot = [p.clone() for p in current]
+        return self._factors
+
+    def _compute_factors(self) -> tuple[Tensor, Tensor]:
+        mask = self._mask()
+        pair = mask.unsqueeze(-1) * mask.unsqueeze(-2)
+        K = self.covar_module(self.local_X).to_dense()
+        noise = self.likelihood.noise.reshape(())
+        eye = torch.eye(self.n_max, dtype=K.dtype, device=K.device)
+        A = pair * (K + noise * eye) + (1 - mask).unsqueeze(-1) * eye
+        L = psd_safe_cholesky(A)
+        residual = (self.local_y - self.mean_module(self.local_X)) * mask
+        alpha = torch.cholesky_solve(residual.unsqueeze(-1), L).squeeze(-1)
+        return L, alpha
+
+    def log_marginal_likelihood(self) -> Tensor:
+        r"""Sum of the exact log marginal likelihoods of the local models.
+
+        Differentiable in the shared hyperparameters (for fitting them with a torch
+        optimizer); ``O(K n_max^3)``.
+        """
+        L, alpha = self._compute_factors()
+        mask = self._mask()
+        residual = (self.local_y - self.mean_module(self.local_X)) * mask
+        logdet = 2 * L.diagonal(dim1=-2, dim2=-1).log().sum()
+        n = self.counts.sum()
+        return -0.5 * ((residual * alpha).sum() + logdet + n * math.log(2 * math.pi))
+
+    # ------------------------------------------------------------ BoTorch API
+    def _latent(self, X: Tensor) -> MultivariateNormal:
+        r"""Weighted-experts posterior at transformed inputs ``X`` (``batch x q x d``)."""
+        prior_mean = self.mean_module(X)
+        K_XX = self.covar_module(X).to_dense()
+        if self.num_local_models == 0:
+            return MultivariateNormal(prior_mean, DenseLinearOperator(K_XX))
+        L, alpha = self._local_factors()
+        mask = self._mask()
+        # Normalised weights of the top-M most similar local models, zero elsewhere.
+        similarity = self._similarity(X, self.centres)  # batch x q x K
+        top, index = similarity.topk(min(self.num_nearest, self.num_local_models), dim=-1)
+        total = top.sum(-1, keepdim=True)
+        # Far from every centre all similarities underflow: average the top M evenly.
+        top = torch.where(total > 0, top / total.clamp_min(1e-300), 1.0 / top.shape[-1])
+        weights = torch.zeros_like(similarity).scatter(-1, index, top)
+        # Local posteriors, all local models at once: K_Xk is batch x K x q x n_max.
+        K_Xk = self.covar_module(X.unsqueeze(-3), self.local_X).to_dense() * mask.unsqueeze(-2)
+        local_means = prior_mean.unsqueeze(-1) + (K_Xk @ alpha.unsqueeze(-1)).squeeze(-1).mT
+        mean = (weights * local_means).sum(-1)
+        root = weights.clamp_min(0).sqrt()  # batch x q x K
+        V = torch.linalg.solve_triangular(L, K_Xk.mT, upper=False)  # batch x K x n_max x q
+        V = V * root.mT.unsqueeze(-2)
+        covar = (root @ root.mT) * K_XX - (V.mT @ V).sum(-3)
+        return MultivariateNormal(mean, DenseLinearOperator(covar))
+
+    def posterior(
+        self,
+        X: Tensor,
+        observation_noise: bool | Tensor = False,
+        posterior_transform: Any | None = None,
+        **kwargs: Any,
+    ) -> GPyTorchPosterior:
+        r"""Joint posterior over the ``q`` points of ``batch_shape x q x d`` inputs ``X``.
+
+        Args:
+            X: Inputs in the original (untransformed) space.
+            observation_noise: If True, add the noise variance; if a
+                ``batch_shape x q x 1`` tensor, add it (outcome-transformed space).
+            posterior_transform: Optional BoTorch posterior transform.
+
+        Returns:
+            A ``GPyTorchPosterior`` of shape ``batch_shape x q x 1``.
+        """
+        check_tensor(X, "X", like=self.local_y, min_dim=2, last_dim=self.local_X.shape[-1])
+        self.eval()
+        X_t = self.transform_inputs(X)
+        mvn = self._latent(X_t)
+        if observation_noise is not False:
+            if isinstance(observation_noise, Tensor):
+                noise = observation_noise.squeeze(-1)
+            else:
+                noise = self.likelihood.noise.reshape(())
+            covar = mvn.covariance_matrix + torch.diag_embed(noise.expand(mvn.mean.shape))
+            mvn = MultivariateNormal(mvn.mean, DenseLinearOperator(covar))
+        posterior = GPyTorchPosterior(distribution=mvn)
+        if hasattr(self, "outcome_transform"):
+            posterior = self.outcome_transform.untransform_posterior(posterior, X=X_t)
+        if posterior_transform is not None:
+            return posterior_transform(posterior=posterior, X=X_t)
+        return posterior
+
+    def observe(self, X: Tensor, Y: Tensor) -> LocalGP:
+        r"""Insert new observations in place, in arrival order.
+
+        Args:
+            X: ``q x d`` new inputs (original space).
+            Y: ``q x 1`` new targets (original space).
+
+        Returns:
+            The model itself. Invalid input raises before anything is changed.
+        """
+        check_tensor(X, "X", like=self.local_y, min_dim=2, last_dim=self.local_X.shape[-1])
+        if X.dim() != 2:
+            raise ValueError(f"X must have shape q x d, got {tuple(X.shape)}.")
+        check_targets(check_tensor(Y, "Y", like=X, min_dim=2), "Y", len(X))
+        X_t, Y_t = transform_new_data(self, X, Y)
+        self._insert(X_t, Y_t.squeeze(-1))
+        return self

@@ -1,0 +1,695 @@
+r"""Online (streaming) sparse variational GP, as a BoTorch model.
+
+O-SVGP (Bui, Nguyen & Turner, "Streaming Sparse Gaussian Process Approximations",
+NeurIPS 2017) keeps a Gaussian variational posterior ``q(u) = N(m, S)`` over function
+values ``u = f(Z)`` at ``M`` inducing points. When a batch ``(X, y)`` arrives, the old
+posterior ``q_old(a)`` at the old inducing points ``a`` and the old hyperparameters
+``theta_old`` are frozen, and the new ``q(b)``, inducing points ``b`` and
+hyperparameters maximise the streaming bound, here with the generalized-VI weight
+``beta`` on the KL terms (Stanton et al., "Kernel Interpolation for Scalable Online
+Gaussian Processes", AISTATS 2021, appendix B, Eq. A.8):
+
+.. math::
+
+    \mathcal{L} = \mathbb{E}_{q(f)}[\log p(y \mid f)]
+        - \beta \big[ \mathrm{KL}(q(b) \| p(b \mid \theta))
+        + \mathrm{KL}(q(a) \| q_{old}(a)) - \mathrm{KL}(q(a) \| p(a \mid \theta_{old})) \big]
+
+with ``q(a) = \int p(a | b, theta) q(b) db``. ``beta = 1`` is Bui et al.'s bound;
+``beta = 1e-3`` (the default, as in Stanton et al.) lets one optimizer step per batch
+move the posterior. Each batch costs ``O(B M^2 + M^3)`` per step, whatever the
+number of points seen so far. The variational posterior uses gpytorch's whitened
+``VariationalStrategy`` with a ``CholeskyVariationalDistribution``; Gaussian and
+Bernoulli (probit, quadrature) likelihoods are supported.
+
+Conditioning (Gaussian likelihood only): :meth:`OnlineSVGP.condition_on_observations`
+is online variational conditioning (Maddox, Stanton & Wilson, "Conditioning Sparse
+Variational Gaussian Processes for Online Decision-Making", NeurIPS 2021): the
+conditioned model predicts with the exact Gaussian update of the joint variational
+predictive ``q(f_new, f_*)`` on the new observations, which is what OVC's pseudo-point
+exact GP computes. It is evaluated from the joint (see
+:func:`streamgp.linalg.variational.condition_on_noisy_observations`) rather than
+through ``gpytorch``'s ``ApproximateGP.get_fantasy_model``: with gpytorch 1.15.2 the
+latter's pseudo-point GP did not reproduce the SVGP predictive (mean errors of order
+one on a well-conditioned 1-D problem), and the pseudo-noise it forms is unbounded
+where ``q(u)`` equals the prior. The conditioned model is differentiable in the
+conditioning inputs, so BoTorch's ``fantasize``, ``qNegIntegratedPosteriorVariance``
+and ``qKnowledgeGradient`` work with batched candidates and many fantasies.
+
+Transforms are fitted on the constructor's data and then frozen (see
+:mod:`streamgp.models.frozen_transforms`); inducing points live in the transformed
+input space.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from botorch.models.model import FantasizeMixin, Model
+from botorch.models.transforms.input import InputTransform
+from botorch.models.transforms.outcome import OutcomeTransform
+from botorch.models.utils.inducing_point_allocators import GreedyVarianceReduction
+from botorch.posteriors.gpytorch import GPyTorchPosterior
+from gpytorch.distributions import MultivariateNormal
+from gpytorch.kernels import Kernel, RBFKernel, ScaleKernel
+from gpytorch.likelihoods import (
+    BernoulliLikelihood,
+    FixedNoiseGaussianLikelihood,
+    GaussianLikelihood,
+    Likelihood,
+)
+from gpytorch.means import ConstantMean, Mean
+from gpytorch.models import ApproximateGP
+from gpytorch.variational import CholeskyVariationalDistribution, VariationalStrategy
+from linear_operator.operators import DenseLinearOperator
+from linear_operator.utils.cholesky import psd_safe_cholesky
+from torch import Tensor
+
+from streamgp.linalg.variational import (
+    condition_on_noisy_observations,
+    streaming_kl_correction,
+    whiten_gaussian,
+)
+from streamgp.models.frozen_transforms import fit_frozen_transforms, transform_new_data
+from streamgp.utils.validation import check_positive, check_targets, check_tensor
+
+
+class _SparseVariationalGP(ApproximateGP):
+    r"""gpytorch SVGP with a whitened strategy whose inducing set can be replaced."""
+
+    def __init__(
+        self,
+        inducing_points: Tensor,
+        mean_module: Mean,
+        covar_module: Kernel,
+        learn_inducing_locations: bool,
+        jitter: float | None,
+    ) -> None:
+        super().__init__(self._strategy(inducing_points, learn_inducing_locations, jitter))
+        self.mean_module = mean_module
+        self.covar_module = covar_module
+        self._learn_inducing_locations = learn_inducing_locations
+        self._jitter = jitter
+        m = inducing_points.shape[-2]
+        eye = torch.eye(m, dtype=inducing_points.dtype, device=inducing_points.device)
+        self.set_variational_parameters(torch.zeros_like(eye[0]), eye)
+
+    def _strategy(
+        self, inducing_points: Tensor, learn: bool, jitter: float | None
+    ) -> VariationalStrategy:
+        tkwargs = {"dtype": inducing_points.dtype, "device": inducing_points.device}
+        distribution = CholeskyVariationalDistribution(inducing_points.shape[-2]).to(**tkwargs)
+        return VariationalStrategy(
+            self, inducing_points, distribution, learn_inducing_locations=learn, jitter_val=jitter
+        )
+
+    def set_variational_parameters(self, whitened_mean: Tensor, whitened_root: Tensor) -> None:
+        r"""Set ``q(v) = N(whitened_mean, R R^T)`` (and stop gpytorch re-initialising it)."""
+        distribution = self.variational_strategy._variational_distribution
+        with torch.no_grad():
+            distribution.variational_mean.copy_(whitened_mean)
+            distribution.chol_variational_covar.copy_(whitened_root)
+        self.variational_strategy.variational_params_initialized.fill_(1)
+        self.variational_strategy._clear_cache()
+
+    def replace_inducing_points(self, inducing_points: Tensor) -> None:
+        r"""Move to a new inducing set, warm-starting ``q`` with the current ``q(f(Z_new))``."""
+        with torch.no_grad():
+            was_training = self.training
+            self.eval()
+            self.variational_strategy._clear_cache()
+            current = self(inducing_points)
+            mean, covar = current.mean, current.covariance_matrix
+            prior_mean = self.mean_module(inducing_points)
+            jitter = self.variational_strategy.jitter_val
+            K = self.covar_module(inducing_points).to_dense()
+            L = psd_safe_cholesky(K + jitter * torch.eye(len(K), dtype=K.dtype, device=K.device))
+            whitened_mean, whitened_root = whiten_gaussian(mean, covar, prior_mean, L)
+        self.variational_strategy = self._strategy(
+            inducing_points, self._learn_inducing_locations, self._jitter
+        )
+        self.set_variational_parameters(whitened_mean, whitened_root)
+        self.train(was_training)
+
+    def forward(self, X: Tensor) -> MultivariateNormal:
+        return MultivariateNormal(self.mean_module(X), self.covar_module(X))
+
+
+@dataclass(frozen=True)
+class FrozenPosterior:
+    r"""The old posterior ``q_old(a)`` and prior ``p(a | theta_old)`` at old inducing points.
+
+    Attributes:
+        inducing_points: ``a``, the old inducing points (transformed input space).
+        mean: Mean of ``q_old(a)``.
+        root: Lower-triangular root of the covariance of ``q_old(a)``.
+        prior_mean: Prior mean at ``a`` under the old hyperparameters.
+        prior_root: Cholesky factor of ``K_aa`` (plus jitter) under the old hyperparameters.
+    """
+
+    inducing_points: Tensor
+    mean: Tensor
+    root: Tensor
+    prior_mean: Tensor
+    prior_root: Tensor
+
+
+class OnlineSVGP(Model, FantasizeMixin):
+    r"""Streaming sparse variational GP (Bui et al. 2017) with generalized-VI weight ``beta``.
+
+    Args:
+        train_X: ``n x d`` initial inputs (``n`` may be 0 if ``inducing_points`` or
+            ``inducing_selector`` provide the inducing set).
+        train_Y: ``n x 1`` initial targets (``{0, 1}`` labels for a Bernoulli likelihood).
+        inducing_points: ``M x d`` initial inducing points in the transformed input
+            space. Default: ``num_inducing`` points chosen from the (transformed)
+            ``train_X`` by greedy variance reduction (BoTorch's allocator).
+        num_inducing: Number of inducing points when they are chosen from ``train_X``.
+        covar_module: Kernel. Default: ``ScaleKernel(RBFKernel(ard_num_dims=d))`` with
+            gpytorch's softplus-constrained parameters, which plain gradient steps
+            cannot push out of their domain.
+        mean_module: Prior mean. Default: ``ConstantMean()``.
+        likelihood: ``GaussianLikelihood`` (default) or ``BernoulliLikelihood``.
+        beta: Weight of the KL terms (``1`` is Bui et al.'s bound).
+        num_steps: Optimizer steps per :meth:`observe` call.
+        num_init_steps: Optimizer steps on the constructor's data.
+        lr: Learning rate of the default Adam optimizer.
+        learn_inducing_locations: Whether the inducing points are optimised. Default:
+            True, unless an ``inducing_selector`` chooses them.
+        inducing_selector: Optional object with ``update(X) -> Tensor`` returning the
+            current inducing points (``M' x d``, transformed space) after seeing the
+            transformed inputs ``X`` in order, e.g.
+            ``streamgp.inducing.OnlineInducingPointSelector``. When the returned set
+            changes, ``q`` is warm-started with the current posterior at the new points.
+        optimizer_cls: ``torch.optim.Optimizer`` class; it is stepped with a closure,
+            so ``torch.optim.LBFGS`` works too. It is rebuilt when the parameter set
+            changes (e.g. a new inducing set).
+        optimizer_kwargs: Keyword arguments of ``optimizer_cls`` (default ``{"lr": lr}``).
+        keep_optimizer_state: Keep the optimizer and its state (e.g. Adam's moment
+            estimates) across batches. Set False for quasi-Newton optimizers such as
+            LBFGS, whose curvature history belongs to one batch's objective.
+        jitter: Diagonal jitter of the inducing covariance. Default: gpytorch's
+            ``variational_cholesky_jitter`` for the dtype.
+        input_transform: Input transform, fitted on ``train_X`` and then frozen.
+        outcome_transform: Outcome transform, fitted on ``train_Y`` and then frozen
+            (Gaussian likelihood only).
+
+    Example:
+        >>> X = torch.rand(100, 1, dtype=torch.float64)
+        >>> Y = torch.sin(6 * X) + 0.1 * torch.randn_like(X)
+        >>> model = OnlineSVGP(X, Y, num_inducing=16, num_steps=10, lr=0.01)
+        >>> X_new = torch.rand(20, 1, dtype=torch.float64)
+        >>> model.observe(X_new, torch.sin(6 * X_new))
+        >>> posterior = model.posterior(torch.rand(5, 1, dtype=torch.float64))
+    """
+
+    _num_outputs = 1
+
+    def __init__(
+        self,
+        train_X: Tensor,
+        train_Y: Tensor,
+        *,
+        inducing_points: Tensor | None = None,
+        num_inducing: int = 64,
+        covar_module: Kernel | None = None,
+        mean_module: Mean | None = None,
+        likelihood: Likelihood | None = None,
+        beta: float = 1e-3,
+        num_steps: int = 1,
+        num_init_steps: int = 200,
+        lr: float = 5e-3,
+        learn_inducing_locations: bool | None = None,
+        inducing_selector: Any | None = None,
+        optimizer_cls: type[torch.optim.Optimizer] = torch.optim.Adam,
+        optimizer_kwargs: dict[str, Any] | None = None,
+        keep_optimizer_state: bool = True,
+        jitter: float | None = None,
+        input_transform: InputTransform | None = None,
+        outcome_transform: OutcomeTransform | None = None,
+    ) -> None:
+        # ---- validate everything before building anything
+        check_tensor(train_X, "train_X", min_dim=2)
+        if train_X.dim() != 2:
+            raise ValueError(f"train_X must have shape n x d, got {tuple(train_X.shape)}.")
+        dim = train_X.shape[-1]
+        check_targets(
+            check_tensor(train_Y, "train_Y", like=train_X, min_dim=2), "train_Y", len(train_X)
+        )
+        if likelihood is None:
+            likelihood = GaussianLikelihood()
+        _check_likelihood(likelihood)
+        if isinstance(likelihood, BernoulliLikelihood):
+            _check_binary(train_Y, "train_Y")
+            if outcome_transform is not None:
+                raise ValueError("outcome_transform must be None with a BernoulliLikelihood.")
+        for name, value in [("beta", beta), ("lr", lr)]:
+            if not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} must be a positive number, got {value!r}.")
+        for name, value in [
+            ("num_steps", num_steps),
+            ("num_init_steps", num_init_steps),
+            ("num_inducing", num_inducing),
+        ]:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be a non-negative int, got {value!r}.")
+        if inducing_selector is not None:
+            if not callable(getattr(inducing_selector, "update", None)):
+                raise TypeError("inducing_selector must have an update(X) -> Tensor method.")
+            if inducing_points is not None:
+                raise ValueError("Pass either inducing_points or inducing_selector, not both.")
+            if learn_inducing_locations:
+                raise ValueError(
+                    "learn_inducing_locations must be False/None with an inducing_selector "
+                    "(the selector owns the inducing locations)."
+                )
+            learn_inducing_locations = False
+        elif learn_inducing_locations is None:
+            learn_inducing_locations = True
+        if inducing_points is not None:
+            check_tensor(inducing_points, "inducing_points", like=train_X, min_dim=2, last_dim=dim)
+            if inducing_points.dim() != 2 or len(inducing_points) == 0:
+                raise ValueError(
+                    "inducing_points must have shape M x d with M >= 1, got "
+                    f"{tuple(inducing_points.shape)}."
+                )
+        elif inducing_selector is None and (num_inducing < 1 or len(train_X) < num_inducing):
+            raise ValueError(
+                f"Cannot choose num_inducing={num_inducing} inducing points from "
+                f"{len(train_X)} training points; pass inducing_points, an "
+                "inducing_selector, or a smaller num_inducing (>= 1)."
+            )
+
+        super().__init__()
+        tkwargs = {"dtype": train_X.dtype, "device": train_X.device}
+        train_X_t, train_Y_t = fit_frozen_transforms(
+            self, train_X, train_Y, input_transform, outcome_transform
+        )
+        if covar_module is None:
+            covar_module = ScaleKernel(RBFKernel(ard_num_dims=dim))
+        covar_module = covar_module.to(**tkwargs)
+        mean_module = (ConstantMean() if mean_module is None else mean_module).to(**tkwargs)
+        self.inducing_selector = inducing_selector
+        if inducing_selector is not None:
+            inducing_points = self._select_inducing(train_X_t, dim, tkwargs)
+        elif inducing_points is None:
+            with torch.no_grad():
+                inducing_points = GreedyVarianceReduction().allocate_inducing_points(
+                    train_X_t, covar_module, num_inducing, torch.Size([])
+                )
+        self.model = _SparseVariationalGP(
+            inducing_points.detach().clone().to(**tkwargs),
+            mean_module,
+            covar_module,
+            learn_inducing_locations,
+            jitter,
+        )
+        self.likelihood = likelihood.to(**tkwargs)
+        self.beta = float(beta)
+        self.num_steps = num_steps
+        self.optimizer_cls = optimizer_cls
+        self.optimizer_kwargs = {"lr": lr} if optimizer_kwargs is None else dict(optimizer_kwargs)
+        self.keep_optimizer_state = keep_optimizer_state
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._optimizer_params: list[Tensor] = []
+        self.frozen_posterior: FrozenPosterior | None = None
+        self.num_observed = 0
+        self._conditioning: tuple[Tensor, Tensor, Tensor] | None = None
+        self._cache_snapshot: list[Tensor] | None = None
+        if len(train_X):
+            self._absorb(train_X_t, train_Y_t.squeeze(-1), num_init_steps, select=False)
+        self.eval()
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def is_gaussian(self) -> bool:
+        return isinstance(self.likelihood, GaussianLikelihood)
+
+    @property
+    def inducing_points(self) -> Tensor:
+        r"""The current inducing points (transformed input space)."""
+        return self.model.variational_strategy.inducing_points
+
+    @property
+    def covar_module(self) -> Kernel:
+        return self.model.covar_module
+
+    @property
+    def mean_module(self) -> Mean:
+        return self.model.mean_module
+
+    @property
+    def num_outputs(self) -> int:
+        return self._num_outputs
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        if self._conditioning is None:
+            return torch.Size([])
+        X_c, y_c, _ = self._conditioning
+        return torch.broadcast_shapes(X_c.shape[:-2], y_c.shape[:-1])
+
+    def _set_transformed_inputs(self) -> None:
+        # Inputs are transformed when they arrive; no training inputs are stored.
+        pass
+
+    def _revert_to_original_inputs(self) -> None:
+        pass
+
+    def _select_inducing(self, X_t: Tensor, dim: int, tkwargs: dict) -> Tensor:
+        Z = self.inducing_selector.update(X_t)
+        if not isinstance(Z, Tensor) or Z.dim() != 2 or Z.shape[-1] != dim or len(Z) == 0:
+            raise ValueError(
+                "inducing_selector.update must return an M x d tensor with M >= 1, got "
+                f"{getattr(Z, 'shape', type(Z).__name__)}."
+            )
+        check_tensor(Z.to(**tkwargs), "inducing points from inducing_selector")
+        return Z.detach().to(**tkwargs)
+
+    def _check_inputs(self, X: Tensor, name: str) -> None:
+        check_tensor(
+            X, name, like=self.inducing_points, min_dim=2, last_dim=self.inducing_points.shape[-1]
+        )
+
+    def _trainable_parameters(self) -> list[Tensor]:
+        modules = [self.model, self.likelihood]
+        return [p for module in modules for p in module.parameters() if p.requires_grad]
+
+    def _get_optimizer(self) -> torch.optim.Optimizer | None:
+        params = self._trainable_parameters()
+        if not params:
+            return None
+        same = len(params) == len(self._optimizer_params) and all(
+            p is q for p, q in zip(params, self._optimizer_params, strict=True)
+        )
+        if self._optimizer is None or not same or not self.keep_optimizer_state:
+            self._optimizer = self.optimizer_cls(params, **self.optimizer_kwargs)
+            self._optimizer_params = params
+        return self._optimizer
+
+    def _freeze_posterior(self) -> FrozenPosterior:
+        r"""Snapshot ``q_old(a)`` and ``p(a | theta_old)`` at the current inducing points.
+
+        ``q_old(a)`` is the variational predictive at ``a`` computed exactly as
+        :meth:`streaming_loss` computes ``q(a)`` (same jitter), so that at the start of a
+        batch ``q(a) = q_old(a)`` holds to round-off and the correction term vanishes.
+        A near-singular ``q_old`` (tiny KL weight ``beta``) would otherwise turn the
+        jitter-sized mismatch into huge ``tr(Sigma_old^-1 Sigma)`` terms.
+        """
+        with torch.no_grad():
+            strategy = self.model.variational_strategy
+            a = strategy.inducing_points.detach().clone()
+            was_training = self.model.training
+            self.model.eval()
+            strategy._clear_cache()
+            q_a = self.model(a)
+            old_mean, old_covar = q_a.mean.clone(), q_a.covariance_matrix.clone()
+            strategy._clear_cache()
+            self.model.train(was_training)
+            # Clones: mean modules may return views of parameters the optimizer updates.
+            prior_mean = self.model.mean_module(a).clone()
+            K = self.model.covar_module(a).to_dense()
+            eye = torch.eye(len(a), dtype=a.dtype, device=a.device)
+            return FrozenPosterior(
+                inducing_points=a,
+                mean=old_mean,
+                root=psd_safe_cholesky(old_covar),
+                prior_mean=prior_mean,
+                prior_root=psd_safe_cholesky(K + strategy.jitter_val * eye),
+            )
+
+    def streaming_loss(self, X: Tensor, y: Tensor) -> Tensor:
+        r"""Negative streaming objective (Eq. A.8) on a transformed batch ``(X, y)``.
+
+        Uses the current frozen old posterior (none before the first batch, where the
+        objective is the beta-weighted SVGP ELBO of that batch).
+        """
+        q_f = self.model(X)
+        expected_log_lik = self.likelihood.expected_log_prob(y, q_f).sum()
+        kl = self.model.variational_strategy.kl_divergence()
+        old = self.frozen_posterior
+        if old is not None:
+            q_a = self.model(old.inducing_points, diag=False)
+            kl = kl + streaming_kl_correction(
+                q_a.mean,
+                q_a.covariance_matrix,
+                old.mean,
+                old.root,
+                old.prior_mean,
+                old.prior_root,
+            )
+        return -expected_log_lik + self.beta * kl
+
+    def _absorb(self, X_t: Tensor, y: Tensor, num_steps: int, select: bool = True) -> None:
+        r"""One streaming update on a transformed, validated batch.
+
+        ``select=False`` skips the inducing selector (it already saw the constructor's data).
+        """
+        self.frozen_posterior = self._freeze_posterior() if self.num_observed > 0 else None
+        if self.inducing_selector is not None and select:
+            Z = self._select_inducing(
+                X_t, X_t.shape[-1], {"dtype": X_t.dtype, "device": X_t.device}
+            )
+            current = self.inducing_points
+            if Z.shape != current.shape or not torch.equal(Z, current):
+                self.model.replace_inducing_points(Z)
+        optimizer = self._get_optimizer()
+        self.model.train()
+        self.likelihood.train()
+        try:
+            if optimizer is not None:
+
+                def closure() -> Tensor:
+                    optimizer.zero_grad()
+                    loss = self.streaming_loss(X_t, y)
+                    loss.backward()
+                    return loss
+
+                for _ in range(num_steps):
+                    optimizer.step(closure)
+        finally:
+            self.model.eval()
+            self.likelihood.eval()
+            self.model.variational_strategy._clear_cache()
+            self._cache_snapshot = None
+        self.num_observed += len(y)
+
+    def _refresh_caches(self) -> None:
+        r"""Drop gpytorch's eval-mode caches if any parameter changed since they were built."""
+        current = [p.detach() for p in self.model.parameters()]
+        snap = self._cache_snapshot
+        if (
+            snap is None
+            or len(snap) != len(current)
+            or not all(
+                a.shape == b.shape and torch.equal(a, b) for a, b in zip(snap, current, strict=True)
+            )
+        ):
+            self.model.variational_strategy._clear_cache()
+            self._cache_snapshot = [p.clone() for p in current]
+
+    # ------------------------------------------------------------ BoTorch API
+    def _latent(self, X_t: Tensor) -> MultivariateNormal:
+        r"""(Conditioned) variational posterior of ``f`` at transformed inputs ``X_t``."""
+        if self._conditioning is None:
+            mvn = self.model(X_t)
+            return MultivariateNormal(mvn.mean, DenseLinearOperator(mvn.covariance_matrix))
+        X_c, y_c, noise_c = self._conditioning
+        q, t = X_c.shape[-2], X_t.shape[-2]
+        batch = torch.broadcast_shapes(X_c.shape[:-2], X_t.shape[:-2])
+        joint_X = torch.cat(
+            [X_c.expand(*batch, *X_c.shape[-2:]), X_t.expand(*batch, *X_t.shape[-2:])], dim=-2
+        )
+        joint = self.model(joint_X)
+        mean, covar = condition_on_noisy_observations(
+            joint.mean, joint.covariance_matrix, q, y_c, noise_c
+        )
+        covar = covar.expand(*mean.shape, t)
+        return MultivariateNormal(mean, DenseLinearOperator(covar))
+
+    def posterior(
+        self,
+        X: Tensor,
+        observation_noise: bool | Tensor = False,
+        posterior_transform: Any | None = None,
+        **kwargs: Any,
+    ) -> GPyTorchPosterior:
+        r"""Joint posterior over the ``q`` points of ``batch_shape x q x d`` inputs ``X``.
+
+        Args:
+            X: Inputs in the original (untransformed) space.
+            observation_noise: If True, add the Gaussian likelihood's noise variance;
+                if a ``batch_shape x q x 1`` tensor, add it (outcome-transformed space).
+                Not available with a Bernoulli likelihood (the posterior is then the
+                latent ``f``).
+            posterior_transform: Optional BoTorch posterior transform.
+
+        Returns:
+            A ``GPyTorchPosterior`` of shape ``broadcast(batch, model.batch) x q x 1``.
+        """
+        self._check_inputs(X, "X")
+        if observation_noise is not False and not self.is_gaussian:
+            raise ValueError(
+                "observation_noise is only available with a GaussianLikelihood; with a "
+                f"{type(self.likelihood).__name__} the posterior is over the latent f."
+            )
+        self.eval()
+        self._refresh_caches()
+        X_t = self.transform_inputs(X)
+        mvn = self._latent(X_t)
+        if observation_noise is not False:
+            if isinstance(observation_noise, Tensor):
+                noise = observation_noise.squeeze(-1)
+            else:
+                noise = self.likelihood.noise.reshape(())
+            covar = mvn.covariance_matrix + torch.diag_embed(noise.expand(mvn.mean.shape))
+            mvn = MultivariateNormal(mvn.mean, DenseLinearOperator(covar))
+        posterior = GPyTorchPosterior(distribution=mvn)
+        if hasattr(self, "outcome_transform"):
+            posterior = self.outcome_transform.untransform_posterior(posterior, X=X_t)
+        if posterior_transform is not None:
+            return posterior_transform(posterior=posterior, X=X_t)
+        return posterior
+
+    def observe(self, X: Tensor, Y: Tensor, num_steps: int | None = None) -> OnlineSVGP:
+        r"""Absorb a batch in place: freeze the old posterior, take optimizer steps.
+
+        Args:
+            X: ``q x d`` new inputs (original space).
+            Y: ``q x 1`` new targets (original space; ``{0, 1}`` for Bernoulli).
+            num_steps: Optimizer steps for this batch (default: ``self.num_steps``).
+
+        Returns:
+            The model itself. Invalid input raises before anything is changed.
+        """
+        if self._conditioning is not None:
+            raise RuntimeError(
+                "observe is not available on a conditioned (fantasy) model; observe on "
+                "the model it was conditioned from."
+            )
+        self._check_inputs(X, "X")
+        if X.dim() != 2:
+            raise ValueError(f"X must have shape q x d, got {tuple(X.shape)}.")
+        check_targets(check_tensor(Y, "Y", like=X, min_dim=2), "Y", len(X))
+        if not self.is_gaussian:
+            _check_binary(Y, "Y")
+        if num_steps is None:
+            num_steps = self.num_steps
+        elif not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 0:
+            raise ValueError(f"num_steps must be a non-negative int, got {num_steps!r}.")
+        if len(X) == 0:
+            return self
+        X_t, Y_t = transform_new_data(self, X, Y)
+        snapshot = self._snapshot()
+        try:
+            self._absorb(X_t, Y_t.squeeze(-1), num_steps)
+            if not all(torch.isfinite(p).all() for p in self._trainable_parameters()):
+                raise RuntimeError(
+                    "The streaming update produced non-finite parameters (the optimizer "
+                    "diverged); the model was restored. Lower the learning rate."
+                )
+        except Exception:
+            self._restore(snapshot)
+            raise
+        return self
+
+    def _snapshot(self) -> tuple:
+        r"""What :meth:`_restore` needs to undo a failed update (``O(M^2)`` copies)."""
+        modules = (self.model, self.likelihood)
+        states = [{k: v.clone() for k, v in m.state_dict().items()} for m in modules]
+        return (
+            self.model.variational_strategy,
+            states,
+            self.frozen_posterior,
+            self.num_observed,
+        )
+
+    def _restore(self, snapshot: tuple) -> None:
+        strategy, states, frozen, num_observed = snapshot
+        self.model.variational_strategy = strategy
+        for module, state in zip((self.model, self.likelihood), states, strict=True):
+            module.load_state_dict(state)
+        self.frozen_posterior = frozen
+        self.num_observed = num_observed
+        self._optimizer = None
+        self.model.eval()
+        self.likelihood.eval()
+        self.model.variational_strategy._clear_cache()
+        self._cache_snapshot = None
+
+    def condition_on_observations(
+        self, X: Tensor, Y: Tensor, noise: Tensor | None = None, **kwargs: Any
+    ) -> OnlineSVGP:
+        r"""A new model conditioned on ``(X, Y)`` by online variational conditioning.
+
+        The result shares this model's variational posterior, kernel and likelihood
+        (a view; no optimisation) and predicts with the exact Gaussian update of the
+        joint variational predictive. Gaussian likelihood only.
+
+        Args:
+            X: ``batch_shape x q x d`` inputs (original space).
+            Y: ``sample_shape x batch_shape x q x 1`` targets (original space).
+            noise: Optional ``batch_shape x q x 1`` noise variances (outcome-transformed
+                space); default: the likelihood's noise level.
+
+        Returns:
+            An ``OnlineSVGP`` with batch shape ``sample_shape + broadcast(batch, model.batch)``.
+        """
+        if not self.is_gaussian:
+            raise NotImplementedError(
+                "Closed-form conditioning (condition_on_observations / fantasize) needs a "
+                f"GaussianLikelihood; this model uses {type(self.likelihood).__name__}. "
+                "Use observe() to update it."
+            )
+        self._check_inputs(X, "X")
+        check_tensor(Y, "Y", like=X, min_dim=2, last_dim=1)
+        if Y.shape[-2] != X.shape[-2]:
+            raise ValueError(f"Y has {Y.shape[-2]} points per batch but X has {X.shape[-2]}.")
+        if noise is not None:
+            check_tensor(noise, "noise", like=X, min_dim=2, last_dim=1)
+            check_positive(noise, "noise")
+        X_t, Y_t = transform_new_data(self, X, Y)
+        y = Y_t.squeeze(-1)
+        if noise is None:
+            noise_q = self.likelihood.noise.detach().reshape(()).expand(X.shape[:-1])
+        else:
+            noise_q = noise.squeeze(-1)
+        if self._conditioning is not None:
+            X_old, y_old, noise_old = self._conditioning
+            batch = torch.broadcast_shapes(
+                X_old.shape[:-2], y_old.shape[:-1], X_t.shape[:-2], y.shape[:-1]
+            )
+            X_t = torch.cat(
+                [X_old.expand(*batch, *X_old.shape[-2:]), X_t.expand(*batch, *X_t.shape[-2:])], -2
+            )
+            y = torch.cat([y_old.expand(*batch, -1), y.expand(*batch, -1)], -1)
+            noise_q = torch.cat([noise_old.expand(*batch, -1), noise_q.expand(*batch, -1)], -1)
+        new = self._view()
+        new._conditioning = (X_t, y, noise_q)
+        return new
+
+    def _view(self) -> OnlineSVGP:
+        r"""A new model object sharing this one's modules and tensors (no copies)."""
+        new = self.__class__.__new__(self.__class__)
+        new.__dict__ = {
+            key: value.copy() if isinstance(value, dict) else value
+            for key, value in self.__dict__.items()
+        }
+        return new
+
+
+def _check_likelihood(likelihood: object) -> None:
+    if isinstance(likelihood, FixedNoiseGaussianLikelihood) or not isinstance(
+        likelihood, (GaussianLikelihood, BernoulliLikelihood)
+    ):
+        raise TypeError(
+            "likelihood must be a gpytorch GaussianLikelihood (learned noise) or "
+            f"BernoulliLikelihood; got {type(likelihood).__name__}."
+        )
+
+
+def _check_binary(Y: Tensor, name: str) -> None:
+    if not ((Y == 0) | (Y == 1)).all():
+        raise ValueError(f"{name} must contain only 0/1 labels for a BernoulliLikelihood.")

@@ -1,0 +1,208 @@
+"""LocalGP against exact GPs (BoTorch's SingleTaskGP) on the data of each local model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from botorch.acquisition import qUpperConfidenceBound
+from botorch.models import SingleTaskGP
+from botorch.optim import optimize_acqf
+from gpytorch.kernels import RBFKernel, ScaleKernel
+from gpytorch.likelihoods import GaussianLikelihood
+from gpytorch.means import ConstantMean
+
+from streamgp.models import LocalGP
+
+DT = torch.float64
+
+
+def _data(n: int, d: int = 2, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, d, dtype=DT, generator=gen)
+    Y = torch.sin(5 * X).sum(-1, keepdim=True) + 0.1 * torch.randn(n, 1, dtype=DT, generator=gen)
+    return X, Y
+
+
+def _modules(lengthscale: float = 0.3):
+    kernel = ScaleKernel(RBFKernel())
+    kernel.base_kernel.lengthscale = lengthscale
+    kernel.outputscale = 1.7
+    likelihood = GaussianLikelihood()
+    likelihood.noise = 0.05
+    mean = ConstantMean()
+    mean.constant.data.fill_(0.3)
+    return {"covar_module": kernel, "likelihood": likelihood, "mean_module": mean}
+
+
+def _exact(X: torch.Tensor, Y: torch.Tensor, modules: dict) -> SingleTaskGP:
+    """Exact GP with the same (shared) hyperparameter modules."""
+    model = SingleTaskGP(X, Y, outcome_transform=None, **modules)
+    model.eval()
+    return model
+
+
+def _joint(posterior):
+    return posterior.mean.squeeze(-1), posterior.distribution.covariance_matrix
+
+
+def test_single_local_model_equals_exact_gp():
+    X, Y = _data(40)
+    modules = _modules()
+    X_test = torch.rand(3, 4, 2, dtype=DT)
+    local = LocalGP(X[:25], Y[:25], w_gen=0.0, n_max=64, **modules)
+    local.observe(X[25:], Y[25:])
+    assert local.num_local_models == 1 and int(local.counts[0]) == 40
+    exact = _exact(X, Y, modules)
+    with torch.no_grad():
+        for noise in (False, True):
+            mean, cov = _joint(local.posterior(X_test, observation_noise=noise))
+            mean_ref, cov_ref = _joint(exact.posterior(X_test, observation_noise=noise))
+            assert torch.allclose(mean, mean_ref, atol=1e-10)
+            assert torch.allclose(cov, cov_ref, atol=1e-10)
+        K = modules["covar_module"](X).to_dense() + 0.05 * torch.eye(40, dtype=DT)
+        reference = torch.distributions.MultivariateNormal(torch.full((40,), 0.3, dtype=DT), K)
+        assert torch.allclose(local.log_marginal_likelihood(), reference.log_prob(Y.squeeze(-1)))
+
+
+def test_n_max_respected_oldest_points_dropped():
+    X, Y = _data(30, d=1)
+    modules = _modules()
+    local = LocalGP(X[:5], Y[:5], w_gen=0.0, n_max=10, **modules)
+    for start in range(5, 30, 5):
+        local.observe(X[start : start + 5], Y[start : start + 5])
+    assert local.num_local_models == 1 and int(local.counts[0]) == 10
+    X_k, y_k = local.local_data(0)
+    assert torch.equal(X_k, X[-10:]) and torch.equal(y_k, Y[-10:].squeeze(-1))
+    assert torch.allclose(local.centres[0], X[-10:].mean(0))
+    # The local model is the exact GP on the points it holds.
+    X_test = torch.rand(5, 1, dtype=DT)
+    with torch.no_grad():
+        mean, cov = _joint(local.posterior(X_test))
+        mean_ref, cov_ref = _joint(_exact(X[-10:], Y[-10:], modules).posterior(X_test))
+    assert torch.allclose(mean, mean_ref, atol=1e-10) and torch.allclose(cov, cov_ref, atol=1e-10)
+
+
+def _two_region_model(num_nearest: int):
+    modules = _modules(lengthscale=0.1)
+    X = torch.tensor([[0.0], [0.05], [1.0], [0.95], [0.02], [1.02]], dtype=DT)
+    Y = torch.sin(3 * X)
+    local = LocalGP(X, Y, w_gen=0.5, n_max=10, num_nearest=num_nearest, **modules)
+    return local, modules, X, Y
+
+
+def test_distant_points_start_new_local_models():
+    local, modules, X, Y = _two_region_model(num_nearest=1)
+    assert local.num_local_models == 2
+    X_0, _ = local.local_data(0)
+    X_1, _ = local.local_data(1)
+    assert torch.equal(X_0, X[[0, 1, 4]]) and torch.equal(X_1, X[[2, 3, 5]])
+    # With M = 1 a point near the first region is predicted by its local GP alone.
+    X_test = torch.tensor([[0.03], [0.1]], dtype=DT)
+    with torch.no_grad():
+        mean, cov = _joint(local.posterior(X_test))
+        mean_ref, cov_ref = _joint(_exact(X[[0, 1, 4]], Y[[0, 1, 4]], modules).posterior(X_test))
+    assert torch.allclose(mean, mean_ref, atol=1e-10) and torch.allclose(cov, cov_ref, atol=1e-10)
+
+
+def test_weighted_prediction_matches_documented_formula():
+    local, modules, X, Y = _two_region_model(num_nearest=2)
+    X_test = torch.tensor([[0.3], [0.5], [0.8]], dtype=DT)
+    experts = [_exact(X[idx], Y[idx], modules) for idx in ([0, 1, 4], [2, 3, 5])]
+    centres = torch.stack([X[[0, 1, 4]].mean(0), X[[2, 3, 5]].mean(0)])
+    kernel = modules["covar_module"]
+    with torch.no_grad():
+        mean, cov = _joint(local.posterior(X_test))
+        w = kernel(X_test, centres).to_dense() / kernel.outputscale  # RBF correlation
+        v = w / w.sum(-1, keepdim=True)
+        means, covs = zip(*(_joint(e.posterior(X_test)) for e in experts), strict=True)
+    mean_ref = sum(v[:, k] * means[k] for k in range(2))
+    cov_ref = sum(torch.outer(v[:, k].sqrt(), v[:, k].sqrt()) * covs[k] for k in range(2))
+    assert torch.allclose(mean, mean_ref, atol=1e-10)
+    assert torch.allclose(cov, cov_ref, atol=1e-10)
+    assert torch.linalg.eigvalsh(cov).min() > -1e-12
+
+
+def test_posterior_batches_and_acquisition():
+    X, Y = _data(60, d=2)
+    local = LocalGP(X, Y, w_gen=0.6, n_max=15, num_nearest=2, **_modules(lengthscale=0.2))
+    assert local.num_local_models > 2 and int(local.counts.max()) <= 15
+    with torch.no_grad():
+        posterior = local.posterior(torch.rand(4, 3, 5, 2, dtype=DT))
+    assert posterior.mean.shape == (4, 3, 5, 1)
+    cov = posterior.distribution.covariance_matrix
+    assert torch.linalg.eigvalsh(cov).min() > -1e-10
+    bounds = torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=DT)
+    candidate, value = optimize_acqf(
+        qUpperConfidenceBound(local, beta=2.0),
+        bounds,
+        q=2,
+        num_restarts=2,
+        raw_samples=16,
+        options={"maxiter": 5},
+    )
+    assert candidate.shape == (2, 2) and torch.isfinite(value)
+
+
+def test_empty_model_predicts_prior_and_transforms():
+    from botorch.models.transforms import Normalize, Standardize
+
+    X, Y = _data(20, d=1)
+    empty = LocalGP(X[:0], Y[:0], **_modules())
+    with torch.no_grad():
+        posterior = empty.posterior(X[:3])
+    assert torch.allclose(posterior.mean, torch.full((3, 1), 0.3, dtype=DT))
+    # Frozen transforms: same as a model on manually transformed data.
+    Y_raw = 5 * Y + 2
+    bounds = torch.tensor([[0.0], [10.0]], dtype=DT)
+    scaled = LocalGP(
+        10 * X[:12],
+        Y_raw[:12],
+        w_gen=0.5,
+        n_max=8,
+        input_transform=Normalize(1, bounds=bounds),
+        outcome_transform=Standardize(1),
+        **_modules(),
+    )
+    scaled.observe(10 * X[12:], Y_raw[12:])
+    mu, sd = Y_raw[:12].mean(), Y_raw[:12].std()
+    plain = LocalGP(X[:12], (Y_raw[:12] - mu) / sd, w_gen=0.5, n_max=8, **_modules())
+    plain.observe(X[12:], (Y_raw[12:] - mu) / sd)
+    X_test = torch.rand(2, 3, 1, dtype=DT)
+    with torch.no_grad():
+        a, b = scaled.posterior(10 * X_test), plain.posterior(X_test)
+    assert torch.allclose(a.mean, b.mean * sd + mu, atol=1e-10)
+    assert torch.allclose(a.variance, b.variance * sd**2, atol=1e-10)
+
+
+def test_bad_inputs_raise_and_leave_model_unchanged():
+    X, Y = _data(10)
+    local = LocalGP(X, Y, w_gen=0.3, **_modules())
+    state = {k: v.clone() for k, v in local.state_dict().items()}
+    X_new, Y_new = torch.rand(3, 2, dtype=DT), torch.rand(3, 1, dtype=DT)
+    bad = [
+        ((X_new.clone().fill_(math.nan), Y_new), ValueError, "X contains NaN"),
+        ((X_new, Y_new.clone().fill_(math.inf)), ValueError, "Y contains NaN or Inf"),
+        ((X_new.float(), Y_new), TypeError, "X has dtype"),
+        ((X_new, Y_new[:2]), ValueError, "Y has 2 rows"),
+        ((torch.rand(3, 3, dtype=DT), Y_new), ValueError, "X must have last dimension 2"),
+        ((X_new[None], Y_new), ValueError, "X must have shape q x d"),
+    ]
+    for args, error, message in bad:
+        with pytest.raises(error, match=message):
+            local.observe(*args)
+    with pytest.raises(ValueError, match="X contains NaN"):
+        local.posterior(X_new.clone().fill_(math.nan))
+    new_state = local.state_dict()
+    assert state.keys() == new_state.keys()
+    assert all(torch.equal(state[k], new_state[k]) for k in state)
+    for kwargs, message in [
+        ({"w_gen": 1.0}, "w_gen"),
+        ({"n_max": 0}, "n_max"),
+        ({"num_nearest": 1.5}, "num_nearest"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            LocalGP(X, Y, **kwargs)
+    with pytest.raises(TypeError, match="likelihood must be"):
+        LocalGP(X, Y, likelihood=torch.nn.Module())
