@@ -1,4 +1,4 @@
-r"""Input/outcome transforms that are fitted once and then frozen (streaming models).
+r"""Plumbing shared by the streaming models: frozen transforms, posterior assembly.
 
 A streaming model sees its data once. Its transforms are therefore fitted on the data
 given to the constructor and frozen; every later batch (``observe``,
@@ -9,11 +9,16 @@ which is what BoTorch's own ``condition_on_observations`` does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from botorch.models.transforms.input import InputTransform
 from botorch.models.transforms.outcome import OutcomeTransform
+from botorch.posteriors.gpytorch import GPyTorchPosterior
+from gpytorch.distributions import MultivariateNormal
+from linear_operator.operators import DenseLinearOperator
 from torch import Tensor
 
 
@@ -37,11 +42,12 @@ def fit_frozen_transforms(
     train_Y: Tensor,
     input_transform: InputTransform | None,
     outcome_transform: OutcomeTransform | None,
-) -> tuple[Tensor, Tensor]:
+    train_Yvar: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor | None]:
     r"""Fit the transforms on ``(train_X, train_Y)``, attach them to ``model``, freeze them.
 
     Returns:
-        The transformed ``(train_X, train_Y)``.
+        The transformed ``(train_X, train_Y, train_Yvar)``.
     """
     tkwargs = {"dtype": train_X.dtype, "device": train_X.device}
     if input_transform is not None:
@@ -53,20 +59,50 @@ def fit_frozen_transforms(
     if outcome_transform is not None:
         outcome_transform.to(**tkwargs)
         if len(train_Y):
-            train_Y, _ = outcome_transform(train_Y, X=train_X)
+            train_Y, train_Yvar = outcome_transform(train_Y, train_Yvar, X=train_X)
         outcome_transform.eval()
         model.outcome_transform = outcome_transform
-    return train_X, train_Y
+    return train_X, train_Y, train_Yvar
 
 
 def transform_new_data(
-    model: torch.nn.Module, X: Tensor, Y: Tensor | None = None
-) -> tuple[Tensor, Tensor | None]:
+    model: torch.nn.Module, X: Tensor, Y: Tensor | None = None, Yvar: Tensor | None = None
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
     r"""Pass new data through ``model``'s frozen input and outcome transforms."""
     input_tf = getattr(model, "input_transform", None)
     outcome_tf = getattr(model, "outcome_transform", None)
     with eval_mode(input_tf), eval_mode(outcome_tf):
         X_t = input_tf(X) if input_tf is not None else X
         if Y is not None and outcome_tf is not None:
-            Y, _ = outcome_tf(Y, X=X_t)
-    return X_t, Y
+            Y, Yvar = outcome_tf(Y, Yvar, X=X_t)
+    return X_t, Y, Yvar
+
+
+def assemble_posterior(
+    model: torch.nn.Module,
+    mvn: MultivariateNormal,
+    X_t: Tensor,
+    observation_noise: bool | Tensor,
+    noise_variance: Callable[[], Tensor],
+    posterior_transform: Any | None = None,
+) -> GPyTorchPosterior:
+    r"""The BoTorch posterior of a latent ``mvn`` at transformed inputs ``X_t``.
+
+    Adds observation noise (``noise_variance()`` when ``observation_noise`` is True,
+    or the given ``batch x q x 1`` tensor, in the outcome-transformed space), then
+    untransforms with ``model``'s outcome transform and applies ``posterior_transform``.
+    """
+    if observation_noise is not False:
+        if isinstance(observation_noise, Tensor):
+            noise = observation_noise.squeeze(-1)
+        else:
+            noise = noise_variance()
+        covar = mvn.covariance_matrix + torch.diag_embed(noise.expand(mvn.mean.shape))
+        mvn = MultivariateNormal(mvn.mean, DenseLinearOperator(covar))
+    posterior = GPyTorchPosterior(distribution=mvn)
+    outcome_tf = getattr(model, "outcome_transform", None)
+    if outcome_tf is not None:
+        posterior = outcome_tf.untransform_posterior(posterior, X=X_t)
+    if posterior_transform is not None:
+        return posterior_transform(posterior=posterior, X=X_t)
+    return posterior

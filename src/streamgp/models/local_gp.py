@@ -54,7 +54,11 @@ from linear_operator.operators import DenseLinearOperator
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
-from streamgp.models.frozen_transforms import fit_frozen_transforms, transform_new_data
+from streamgp.models.frozen_transforms import (
+    assemble_posterior,
+    fit_frozen_transforms,
+    transform_new_data,
+)
 from streamgp.utils.validation import check_targets, check_tensor
 
 
@@ -127,7 +131,7 @@ class LocalGP(Model):
         super().__init__()
         dim = train_X.shape[-1]
         tkwargs = {"dtype": train_X.dtype, "device": train_X.device}
-        train_X_t, train_Y_t = fit_frozen_transforms(
+        train_X_t, train_Y_t, _ = fit_frozen_transforms(
             self, train_X, train_Y, input_transform, outcome_transform
         )
         self.covar_module = (
@@ -313,20 +317,14 @@ class LocalGP(Model):
         check_tensor(X, "X", like=self.local_y, min_dim=2, last_dim=self.local_X.shape[-1])
         self.eval()
         X_t = self.transform_inputs(X)
-        mvn = self._latent(X_t)
-        if observation_noise is not False:
-            if isinstance(observation_noise, Tensor):
-                noise = observation_noise.squeeze(-1)
-            else:
-                noise = self.likelihood.noise.reshape(())
-            covar = mvn.covariance_matrix + torch.diag_embed(noise.expand(mvn.mean.shape))
-            mvn = MultivariateNormal(mvn.mean, DenseLinearOperator(covar))
-        posterior = GPyTorchPosterior(distribution=mvn)
-        if hasattr(self, "outcome_transform"):
-            posterior = self.outcome_transform.untransform_posterior(posterior, X=X_t)
-        if posterior_transform is not None:
-            return posterior_transform(posterior=posterior, X=X_t)
-        return posterior
+        return assemble_posterior(
+            self,
+            self._latent(X_t),
+            X_t,
+            observation_noise,
+            lambda: self.likelihood.noise.reshape(()),
+            posterior_transform,
+        )
 
     def observe(self, X: Tensor, Y: Tensor) -> LocalGP:
         r"""Insert new observations in place, in arrival order.
@@ -342,6 +340,6 @@ class LocalGP(Model):
         if X.dim() != 2:
             raise ValueError(f"X must have shape q x d, got {tuple(X.shape)}.")
         check_targets(check_tensor(Y, "Y", like=X, min_dim=2), "Y", len(X))
-        X_t, Y_t = transform_new_data(self, X, Y)
+        X_t, Y_t, _ = transform_new_data(self, X, Y)
         self._insert(X_t, Y_t.squeeze(-1))
         return self

@@ -64,7 +64,7 @@ from streamgp.linalg.sparse_gp import (
     streaming_collapsed_bound,
 )
 from streamgp.linalg.woodbury import LowRankCorrection
-from streamgp.models.wiski import _eval_mode
+from streamgp.models.frozen_transforms import assemble_posterior, transform_new_data
 from streamgp.utils.validation import check_positive, check_targets, check_tensor
 
 #: Inducing points used when neither ``inducing_points`` nor ``num_inducing`` is given.
@@ -496,13 +496,8 @@ class OnlineSGPR(GPyTorchModel, GP, FantasizeMixin):
         self, X: Tensor, Y: Tensor | None = None
     ) -> tuple[Tensor, Tensor | None]:
         r"""Pass new data through the frozen input and outcome transforms."""
-        input_tf = getattr(self, "input_transform", None)
-        outcome_tf = getattr(self, "outcome_transform", None)
-        with _eval_mode(input_tf), _eval_mode(outcome_tf):
-            X_t = input_tf(X) if input_tf is not None else X
-            if Y is not None and outcome_tf is not None:
-                Y, _ = outcome_tf(Y, X=X_t)
-        return X_t, Y
+        X_t, Y_t, _ = transform_new_data(self, X, Y)
+        return X_t, Y_t
 
     def _check_inputs(self, X: Tensor, name: str) -> None:
         check_tensor(
@@ -537,20 +532,14 @@ class OnlineSGPR(GPyTorchModel, GP, FantasizeMixin):
         self._check_inputs(X, "X")
         self.eval()
         X_t = self.transform_inputs(X)
-        mvn = self(X_t)
-        if observation_noise is not False:
-            if isinstance(observation_noise, Tensor):
-                noise = observation_noise.squeeze(-1)
-            else:
-                noise = self.noise_variance.expand(mvn.mean.shape)
-            covar = mvn.covariance_matrix + torch.diag_embed(noise.expand(mvn.mean.shape))
-            mvn = MultivariateNormal(mvn.mean, DenseLinearOperator(covar))
-        posterior = GPyTorchPosterior(distribution=mvn)
-        if hasattr(self, "outcome_transform"):
-            posterior = self.outcome_transform.untransform_posterior(posterior, X=X_t)
-        if posterior_transform is not None:
-            return posterior_transform(posterior=posterior, X=X_t)
-        return posterior
+        return assemble_posterior(
+            self,
+            self(X_t),
+            X_t,
+            observation_noise,
+            lambda: self.noise_variance,
+            posterior_transform,
+        )
 
     # -------------------------------------------------------------- updates
     def observe(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> OnlineSGPR:

@@ -72,7 +72,11 @@ from streamgp.linalg.variational import (
     streaming_kl_correction,
     whiten_gaussian,
 )
-from streamgp.models.frozen_transforms import fit_frozen_transforms, transform_new_data
+from streamgp.models.frozen_transforms import (
+    assemble_posterior,
+    fit_frozen_transforms,
+    transform_new_data,
+)
 from streamgp.utils.validation import check_positive, check_targets, check_tensor
 
 
@@ -284,7 +288,7 @@ class OnlineSVGP(Model, FantasizeMixin):
 
         super().__init__()
         tkwargs = {"dtype": train_X.dtype, "device": train_X.device}
-        train_X_t, train_Y_t = fit_frozen_transforms(
+        train_X_t, train_Y_t, _ = fit_frozen_transforms(
             self, train_X, train_Y, input_transform, outcome_transform
         )
         if covar_module is None:
@@ -538,20 +542,14 @@ class OnlineSVGP(Model, FantasizeMixin):
         self.eval()
         self._refresh_caches()
         X_t = self.transform_inputs(X)
-        mvn = self._latent(X_t)
-        if observation_noise is not False:
-            if isinstance(observation_noise, Tensor):
-                noise = observation_noise.squeeze(-1)
-            else:
-                noise = self.likelihood.noise.reshape(())
-            covar = mvn.covariance_matrix + torch.diag_embed(noise.expand(mvn.mean.shape))
-            mvn = MultivariateNormal(mvn.mean, DenseLinearOperator(covar))
-        posterior = GPyTorchPosterior(distribution=mvn)
-        if hasattr(self, "outcome_transform"):
-            posterior = self.outcome_transform.untransform_posterior(posterior, X=X_t)
-        if posterior_transform is not None:
-            return posterior_transform(posterior=posterior, X=X_t)
-        return posterior
+        return assemble_posterior(
+            self,
+            self._latent(X_t),
+            X_t,
+            observation_noise,
+            lambda: self.likelihood.noise.reshape(()),
+            posterior_transform,
+        )
 
     def observe(self, X: Tensor, Y: Tensor, num_steps: int | None = None) -> OnlineSVGP:
         r"""Absorb a batch in place: freeze the old posterior, take optimizer steps.
@@ -581,7 +579,7 @@ class OnlineSVGP(Model, FantasizeMixin):
             raise ValueError(f"num_steps must be a non-negative int, got {num_steps!r}.")
         if len(X) == 0:
             return self
-        X_t, Y_t = transform_new_data(self, X, Y)
+        X_t, Y_t, _ = transform_new_data(self, X, Y)
         snapshot = self._snapshot()
         try:
             self._absorb(X_t, Y_t.squeeze(-1), num_steps)
@@ -650,7 +648,7 @@ class OnlineSVGP(Model, FantasizeMixin):
         if noise is not None:
             check_tensor(noise, "noise", like=X, min_dim=2, last_dim=1)
             check_positive(noise, "noise")
-        X_t, Y_t = transform_new_data(self, X, Y)
+        X_t, Y_t, _ = transform_new_data(self, X, Y)
         y = Y_t.squeeze(-1)
         if noise is None:
             noise_q = self.likelihood.noise.detach().reshape(()).expand(X.shape[:-1])

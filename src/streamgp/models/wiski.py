@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -94,6 +93,11 @@ from streamgp.linalg.woodbury import (
     fold_low_rank,
     update_root,
 )
+from streamgp.models.frozen_transforms import (
+    assemble_posterior,
+    fit_frozen_transforms,
+    transform_new_data,
+)
 from streamgp.utils.validation import check_positive, check_targets, check_tensor
 
 #: Total grid points aimed at by the default ``grid_size`` (per-dimension size is
@@ -104,20 +108,6 @@ DEFAULT_GRID_POINTS = 1024
 def default_grid_size(dim: int) -> int:
     r"""Default points per dimension: about ``DEFAULT_GRID_POINTS`` in total."""
     return int(min(256, max(4, math.floor(DEFAULT_GRID_POINTS ** (1.0 / dim) + 1e-9))))
-
-
-@contextmanager
-def _eval_mode(module: torch.nn.Module | None):
-    """Temporarily put ``module`` in eval mode (frozen transforms)."""
-    if module is None:
-        yield
-        return
-    was_training = module.training
-    module.eval()
-    try:
-        yield
-    finally:
-        module.train(was_training)
 
 
 def _invalidate_after_load(module: WiskiGP, incompatible_keys: Any) -> None:
@@ -214,20 +204,9 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         tkwargs = {"dtype": train_X.dtype, "device": train_X.device}
 
         # Fit the transforms once on the initial data, then freeze them.
-        if input_transform is not None:
-            input_transform.to(**tkwargs)
-            with torch.no_grad():
-                transformed_X = input_transform(train_X) if len(train_X) else train_X
-            input_transform.eval()
-            self.input_transform = input_transform
-        else:
-            transformed_X = train_X
-        if outcome_transform is not None:
-            outcome_transform.to(**tkwargs)
-            if len(train_Y):
-                train_Y, train_Yvar = outcome_transform(train_Y, train_Yvar, X=transformed_X)
-            outcome_transform.eval()
-            self.outcome_transform = outcome_transform
+        transformed_X, train_Y, train_Yvar = fit_frozen_transforms(
+            self, train_X, train_Y, input_transform, outcome_transform, train_Yvar
+        )
 
         if grid_bounds is None:
             grid_bounds = torch.stack([torch.zeros(dim), torch.ones(dim)]).to(**tkwargs)
@@ -479,13 +458,7 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         self, X: Tensor, Y: Tensor | None = None, Yvar: Tensor | None = None
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         r"""Pass new data through the frozen input and outcome transforms."""
-        input_tf = getattr(self, "input_transform", None)
-        outcome_tf = getattr(self, "outcome_transform", None)
-        with _eval_mode(input_tf), _eval_mode(outcome_tf):
-            X_t = input_tf(X) if input_tf is not None else X
-            if Y is not None and outcome_tf is not None:
-                Y, Yvar = outcome_tf(Y, Yvar, X=X_t)
-        return X_t, Y, Yvar
+        return transform_new_data(self, X, Y, Yvar)
 
     def _check_inputs(self, X: Tensor, name: str, min_dim: int = 2) -> None:
         check_tensor(X, name, like=self.stat_b, min_dim=min_dim, last_dim=self.interpolation.dim)
@@ -560,19 +533,9 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         mvn = self(X_t)
         if isinstance(mvn.lazy_covariance_matrix, RootLinearOperator):
             return self._love_posterior(mvn, X_t, observation_noise, posterior_transform)
-        if observation_noise is not False:
-            if isinstance(observation_noise, Tensor):
-                noise = observation_noise.squeeze(-1)
-            else:
-                noise = self.noise_variance.expand(mvn.mean.shape)
-            covar = mvn.covariance_matrix + torch.diag_embed(noise.expand(mvn.mean.shape))
-            mvn = MultivariateNormal(mvn.mean, DenseLinearOperator(covar))
-        posterior = GPyTorchPosterior(distribution=mvn)
-        if hasattr(self, "outcome_transform"):
-            posterior = self.outcome_transform.untransform_posterior(posterior, X=X_t)
-        if posterior_transform is not None:
-            return posterior_transform(posterior=posterior, X=X_t)
-        return posterior
+        return assemble_posterior(
+            self, mvn, X_t, observation_noise, lambda: self.noise_variance, posterior_transform
+        )
 
     def _love_posterior(
         self,
