@@ -122,9 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=["qnipv", "random"],
         help="e.g. qnipv,maxvar,random",
     )
-    active.add_argument("--num-mc-points", type=_positive_int, default=256)
     active.add_argument(
-        "--candidates", type=_positive_int, default=1000, help="pool points scored per step"
+        "--num-mc-points", type=_positive_int, default=128, help="qNIPV integration points"
+    )
+    active.add_argument(
+        "--candidates", type=_positive_int, default=256, help="pool points scored per step"
     )
     _common(active, default_q=6, default_init=10)
     return parser
@@ -168,9 +170,20 @@ def _bo(args: argparse.Namespace) -> None:
 
 
 def _active(args: argparse.Namespace) -> None:
-    from streamgp.loops.experiments import malaria_kernel, run_active_experiment
+    from streamgp.loops.experiments import (
+        malaria_kernel,
+        malaria_pool_and_test,
+        run_active_experiment,
+    )
 
-    pool_X, pool_Y, pool_Yvar, test_X, test_Y = load_active_dataset(args.dataset, seed=0)
+    if args.dataset not in ("malaria", "malaria-full"):
+        raise SystemExit(
+            f"streamgp active: error: unknown dataset {args.dataset!r}; "
+            "choose from malaria, malaria-full"
+        )
+    pool_X, pool_Y, pool_Yvar, test_X, test_Y = malaria_pool_and_test(
+        full=args.dataset == "malaria-full"
+    )
     options = _model_options(args)
     options["wiski"].setdefault("grid_size", 30)
     results = run_active_experiment(
@@ -202,28 +215,6 @@ def _active(args: argparse.Namespace) -> None:
     )
     _print_summary(results, ["model", "acquisition"], "test_rmse")
     print(f"results written to {args.out}/")
-
-
-def load_active_dataset(name: str, seed: int = 0):
-    r"""Pool and test tensors of an active-learning data set (fixed noise).
-
-    Returns ``pool_X, pool_Y, pool_Yvar, test_X, test_Y``; the split is a seeded
-    90/10 shuffle.
-    """
-    if name not in ("malaria", "malaria-full"):
-        raise SystemExit(
-            f"streamgp active: error: unknown dataset {name!r}; choose from malaria, malaria-full"
-        )
-    import torch
-
-    from streamgp import datasets
-
-    data = datasets.load_malaria(full=name == "malaria-full")
-    X, Y, Yvar = data.X, data.Y, data.Yvar
-    order = torch.randperm(len(X), generator=torch.Generator().manual_seed(seed))
-    split = int(0.9 * len(X))
-    pool, test = order[:split], order[split:]
-    return X[pool], Y[pool], Yvar[pool], X[test], Y[test]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

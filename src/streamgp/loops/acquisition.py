@@ -154,7 +154,7 @@ def select_from_pool(
         with torch.no_grad():
             variance = torch.cat(
                 [
-                    model.posterior(chunk).variance.reshape(-1)
+                    model.posterior(chunk.unsqueeze(-2)).variance.reshape(-1)
                     for chunk in pool.split(options.pool_batch_size * 8)
                 ]
             )

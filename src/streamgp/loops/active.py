@@ -168,8 +168,12 @@ class ActiveLearningLoop(Loop):
     def _record(self, watch: Stopwatch) -> dict[str, Any]:
         with watch("evaluate"), torch.no_grad():
             model = self.surrogate.model
+            # One point per t-batch: marginal predictions, no t x t covariances.
             mean = torch.cat(
-                [model.posterior(chunk).mean.reshape(-1, 1) for chunk in self.test_X.split(4096)]
+                [
+                    model.posterior(chunk.unsqueeze(-2)).mean.reshape(-1, 1)
+                    for chunk in self.test_X.split(4096)
+                ]
             )
             rmse = (mean - self.test_Y).pow(2).mean().sqrt().item()
         return {"num_observations": len(self.chosen), "test_rmse": rmse}

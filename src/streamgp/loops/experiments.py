@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import torch
 from gpytorch.kernels import MaternKernel, ScaleKernel
 from gpytorch.priors import GammaPrior
 from torch import Tensor
@@ -28,6 +29,22 @@ def malaria_kernel(dim: int) -> ScaleKernel:
         MaternKernel(nu=0.5, ard_num_dims=dim, lengthscale_prior=GammaPrior(3.0, 6.0)),
         outputscale_prior=GammaPrior(2.0, 0.15),
     )
+
+
+def malaria_pool_and_test(full: bool = False, seed: int = 0):
+    r"""Pool and test tensors of the malaria atlas for active learning (fixed noise).
+
+    A seeded 90/10 shuffle of the shipped subset (or of the full file from the data
+    directory when ``full``). Returns ``pool_X, pool_Y, pool_Yvar, test_X, test_Y``
+    with inputs (lon, lat), incidence targets and their noise variances.
+    """
+    from streamgp.datasets import load_malaria
+
+    data = load_malaria(full=full)
+    order = torch.randperm(len(data.X), generator=torch.Generator().manual_seed(seed))
+    split = int(0.9 * len(data.X))
+    pool, test = order[:split], order[split:]
+    return data.X[pool], data.Y[pool], data.Yvar[pool], data.X[test], data.Y[test]
 
 
 def _run(loop, steps: int, checkpoint: Path | None, resume: bool, progress: bool):
@@ -212,4 +229,10 @@ def summarize(results: pd.DataFrame, by: Sequence[str], value: str, last: int = 
     return pd.DataFrame(rows)
 
 
-__all__ = ["malaria_kernel", "run_active_experiment", "run_bo_experiment", "summarize"]
+__all__ = [
+    "malaria_kernel",
+    "malaria_pool_and_test",
+    "run_active_experiment",
+    "run_bo_experiment",
+    "summarize",
+]
