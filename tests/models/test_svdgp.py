@@ -270,6 +270,18 @@ def test_batch_and_streaming_fits_approach_exact_gp_rmse(exact_rmse):
     assert (z < 3).double().mean() > 0.9
 
 
+def test_float32_stream():
+    X, Y = _toy(120)
+    X, Y = X.float(), Y.float()
+    model = DecoupledSVGP(X[:80], Y[:80], max_mean_basis=48, max_covar_basis=12, num_init_steps=100)
+    model.observe(X[80:], Y[80:])
+    X_test = torch.linspace(0, 1, 50).unsqueeze(-1)
+    with torch.no_grad():
+        post = model.posterior(X_test)
+    assert post.mean.dtype == torch.float32 and (post.variance > 0).all()
+    assert (post.mean - torch.sin(6 * X_test)).pow(2).mean().sqrt() < 0.06
+
+
 # ---------------------------------------------------------------- basis growth
 def test_basis_growth_respects_caps_and_keeps_posterior():
     X, Y = _toy(60, seed=2)
