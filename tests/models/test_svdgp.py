@@ -6,11 +6,16 @@ import math
 
 import pytest
 import torch
-from botorch.acquisition import qUpperConfidenceBound
+from botorch.acquisition import (
+    qKnowledgeGradient,
+    qNegIntegratedPosteriorVariance,
+    qUpperConfidenceBound,
+)
 from botorch.fit import fit_gpytorch_mll
 from botorch.models import SingleTaskGP
 from botorch.models.transforms import Normalize, Standardize
 from botorch.optim import optimize_acqf
+from botorch.sampling import SobolQMCNormalSampler
 from gpytorch.kernels import RBFKernel, ScaleKernel
 from gpytorch.likelihoods import BernoulliLikelihood, GaussianLikelihood
 from gpytorch.means import ConstantMean
@@ -410,6 +415,51 @@ def test_qucb_runs_through_optimize_acqf(fitted):
     assert ((candidate >= 0) & (candidate <= 1)).all()
 
 
+def test_conditioning_is_exact_gaussian_update_of_q(fitted):
+    model = fitted
+    gen = torch.Generator().manual_seed(8)
+    X_c, Y_c = torch.rand(3, 2, dtype=DT, generator=gen), torch.randn(3, 1, dtype=DT, generator=gen)
+    X_test = torch.rand(5, 2, dtype=DT, generator=gen)
+    with torch.no_grad():
+        joint = model.posterior(torch.cat([X_c, X_test]))  # original (untransformed) space
+        conditioned = model.condition_on_observations(X_c, Y_c).posterior(X_test)
+    # Dense oracle in the original outcome space: noise scaled by the frozen Standardize.
+    mean, covar = joint.mean.squeeze(-1), joint.distribution.covariance_matrix
+    noise = model.likelihood.noise.item() * model.outcome_transform.stdvs.item() ** 2
+    A = covar[:3, :3] + noise * torch.eye(3, dtype=DT)
+    gain = torch.linalg.solve(A, covar[:3, 3:]).T
+    oracle_mean = mean[3:] + gain @ (Y_c.squeeze(-1) - mean[:3])
+    oracle_covar = covar[3:, 3:] - gain @ covar[:3, 3:]
+    torch.testing.assert_close(conditioned.mean.squeeze(-1), oracle_mean)
+    torch.testing.assert_close(conditioned.distribution.covariance_matrix, oracle_covar)
+    # Conditioning twice equals conditioning once on both batches.
+    with torch.no_grad():
+        twice = model.condition_on_observations(X_c[:1], Y_c[:1])
+        twice = twice.condition_on_observations(X_c[1:], Y_c[1:]).posterior(X_test)
+    torch.testing.assert_close(twice.mean, conditioned.mean)
+    with pytest.raises(RuntimeError, match="conditioned"):
+        model.condition_on_observations(X_c, Y_c).observe(X_c, Y_c)
+
+
+def test_fantasies_qnipv_and_qkg_run_through_optimize_acqf(fitted):
+    model = fitted
+    sampler = SobolQMCNormalSampler(torch.Size([4]))
+    fantasy = model.fantasize(torch.rand(3, 2, 2, dtype=DT), sampler)
+    assert fantasy.batch_shape == (4, 3)
+    assert fantasy.posterior(torch.rand(3, 5, 2, dtype=DT)).mean.shape == (4, 3, 5, 1)
+    bounds = torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=DT)
+    qnipv = qNegIntegratedPosteriorVariance(model, mc_points=torch.rand(16, 2, dtype=DT))
+    candidate, value = optimize_acqf(
+        qnipv, bounds, q=2, num_restarts=2, raw_samples=8, options={"maxiter": 5}
+    )
+    assert candidate.shape == (2, 2) and torch.isfinite(value)
+    qkg = qKnowledgeGradient(model, num_fantasies=4)
+    candidate, value = optimize_acqf(
+        qkg, bounds, q=1, num_restarts=2, raw_samples=8, options={"maxiter": 5}
+    )
+    assert candidate.shape == (1, 2) and torch.isfinite(value)
+
+
 def test_bernoulli_learns_separable_problem():
     gen = torch.Generator().manual_seed(0)
     X = torch.rand(120, 1, dtype=DT, generator=gen)
@@ -432,6 +482,8 @@ def test_bernoulli_learns_separable_problem():
         model.posterior(X_test, observation_noise=True)
     with pytest.raises(ValueError, match="0/1 labels"):
         model.observe(X_test, torch.full((4, 1), 0.5, dtype=DT))
+    with pytest.raises(NotImplementedError, match="GaussianLikelihood"):
+        model.condition_on_observations(X_test, torch.zeros(4, 1, dtype=DT))
 
 
 # ------------------------------------------------------------------ validation
@@ -477,6 +529,8 @@ def test_bad_inputs_raise_and_leave_model_unchanged():
         model.observe(X, Y, num_steps=-1)
     with pytest.raises(ValueError, match="X contains NaN"):
         model.posterior(X.clone().fill_(math.nan))
+    with pytest.raises(ValueError, match="noise must be strictly positive"):
+        model.condition_on_observations(X, Y, noise=torch.zeros(3, 1, dtype=DT))
     with pytest.raises(ValueError, match="observation_noise contains NaN"):
         model.posterior(X, observation_noise=torch.full((3, 1), math.nan, dtype=DT))
     assert _unchanged(model, snapshot)

@@ -27,8 +27,12 @@ points drawn from a bounded reservoir sample of the stream, and the likelihood t
 is scaled to the number of points seen so far. Memory and cost per update are
 independent of the length of the stream.
 
-The covariance and mean functions, the inducing locations of both bases and the
-likelihood are learned; Gaussian and Bernoulli likelihoods are supported.
+The covariance and mean functions, the likelihood and (optionally) the locations of
+both bases are learned; Gaussian and Bernoulli likelihoods are supported. With a
+Gaussian likelihood, :meth:`DecoupledSVGP.condition_on_observations` (and so
+BoTorch's ``fantasize``, qNIPV, qKG) is the exact Gaussian update of the joint
+variational predictive, as for :class:`streamgp.models.OnlineSVGP` (online
+variational conditioning, Maddox et al. 2021).
 Transforms are fitted on the constructor's data and then frozen (see
 :mod:`streamgp.models.frozen_transforms`); bases live in the transformed input space.
 """
@@ -38,7 +42,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from botorch.models.model import Model
+from botorch.models.model import FantasizeMixin, Model
 from botorch.models.transforms.input import InputTransform
 from botorch.models.transforms.outcome import OutcomeTransform
 from botorch.models.utils.inducing_point_allocators import GreedyVarianceReduction
@@ -58,18 +62,19 @@ from streamgp.linalg.decoupled import (
     gaussian_optimal_parameters,
     mean_kl_term,
 )
+from streamgp.linalg.variational import condition_on_noisy_observations
 from streamgp.models.frozen_transforms import (
     assemble_posterior,
     fit_frozen_transforms,
     transform_new_data,
 )
 from streamgp.models.osvgp import _check_binary, _check_likelihood
-from streamgp.utils.validation import check_targets, check_tensor
+from streamgp.utils.validation import check_positive, check_targets, check_tensor
 
 _VARIATIONAL = ("mean_basis", "mean_weights", "covar_basis", "covar_root")
 
 
-class DecoupledSVGP(Model):
+class DecoupledSVGP(Model, FantasizeMixin):
     r"""Decoupled sparse variational GP (Cheng & Boots 2017) with online basis growth.
 
     Args:
@@ -236,6 +241,7 @@ class DecoupledSVGP(Model):
         self._optimizer: torch.optim.Optimizer | None = None
         self._optimizer_params: list[Tensor] = []
         self.num_observed = 0
+        self._conditioning: tuple[Tensor, Tensor, Tensor] | None = None
         self._replay_X = train_X_t[:0].detach().clone()
         self._replay_y = train_Y_t.squeeze(-1)[:0].detach().clone()
 
@@ -282,7 +288,10 @@ class DecoupledSVGP(Model):
 
     @property
     def batch_shape(self) -> torch.Size:
-        return torch.Size([])
+        if self._conditioning is None:
+            return torch.Size([])
+        X_c, y_c, _ = self._conditioning
+        return torch.broadcast_shapes(X_c.shape[:-2], y_c.shape[:-1])
 
     def _set_transformed_inputs(self) -> None:
         # Inputs are transformed when they arrive; no training inputs are stored.
@@ -506,6 +515,11 @@ class DecoupledSVGP(Model):
             The model itself. Invalid input raises before anything is changed; a
             numerical failure or divergence restores the model and re-raises.
         """
+        if self._conditioning is not None:
+            raise RuntimeError(
+                "observe is not available on a conditioned (fantasy) model; observe on "
+                "the model it was conditioned from."
+            )
         self._check_inputs(X, "X")
         if X.dim() != 2:
             raise ValueError(f"X must have shape q x d, got {tuple(X.shape)}.")
@@ -563,6 +577,20 @@ class DecoupledSVGP(Model):
         self.eval()
 
     # ------------------------------------------------------------ BoTorch API
+    def _conditioned_latent(self, X_t: Tensor) -> tuple[Tensor, Tensor]:
+        r"""Joint ``q(f)`` at transformed ``X_t``, conditioned on fantasy data if any."""
+        if self._conditioning is None:
+            return self._latent(X_t, diag=False)[0]
+        X_c, y_c, noise_c = self._conditioning
+        t = X_t.shape[-2]
+        batch = torch.broadcast_shapes(X_c.shape[:-2], X_t.shape[:-2])
+        joint_X = torch.cat(
+            [X_c.expand(*batch, *X_c.shape[-2:]), X_t.expand(*batch, *X_t.shape[-2:])], dim=-2
+        )
+        (mean, covar), _ = self._latent(joint_X, diag=False)
+        mean, covar = condition_on_noisy_observations(mean, covar, X_c.shape[-2], y_c, noise_c)
+        return mean, covar.expand(*mean.shape, t)
+
     def posterior(
         self,
         X: Tensor,
@@ -593,7 +621,7 @@ class DecoupledSVGP(Model):
             check_tensor(observation_noise, "observation_noise", like=X, min_dim=2, last_dim=1)
         self.eval()
         X_t = self.transform_inputs(X)
-        (mean, covar), _ = self._latent(X_t, diag=False)
+        mean, covar = self._conditioned_latent(X_t)
         mvn = MultivariateNormal(mean, DenseLinearOperator(covar))
         return assemble_posterior(
             self,
@@ -603,6 +631,63 @@ class DecoupledSVGP(Model):
             lambda: self.likelihood.noise.reshape(()),
             posterior_transform,
         )
+
+    def condition_on_observations(
+        self, X: Tensor, Y: Tensor, noise: Tensor | None = None, **kwargs: Any
+    ) -> DecoupledSVGP:
+        r"""A new model conditioned on ``(X, Y)``: the exact Gaussian update of ``q(f)``.
+
+        The result shares this model's bases, parameters and likelihood (a view; no
+        optimisation) and predicts with the exact Gaussian update of the joint
+        variational predictive on the new observations (online variational
+        conditioning, Maddox et al. 2021), so BoTorch's ``fantasize`` and look-ahead
+        acquisition functions work. Gaussian likelihood only.
+
+        Args:
+            X: ``batch_shape x q x d`` inputs (original space).
+            Y: ``sample_shape x batch_shape x q x 1`` targets (original space).
+            noise: Optional ``batch_shape x q x 1`` noise variances (outcome-transformed
+                space); default: the likelihood's noise level.
+
+        Returns:
+            A ``DecoupledSVGP`` with batch shape ``sample_shape + broadcast(batch, model.batch)``.
+        """
+        if not self.is_gaussian:
+            raise NotImplementedError(
+                "Closed-form conditioning (condition_on_observations / fantasize) needs a "
+                f"GaussianLikelihood; this model uses {type(self.likelihood).__name__}. "
+                "Use observe() to update it."
+            )
+        self._check_inputs(X, "X")
+        check_tensor(Y, "Y", like=X, min_dim=2, last_dim=1)
+        if Y.shape[-2] != X.shape[-2]:
+            raise ValueError(f"Y has {Y.shape[-2]} points per batch but X has {X.shape[-2]}.")
+        if noise is not None:
+            check_tensor(noise, "noise", like=X, min_dim=2, last_dim=1)
+            check_positive(noise, "noise")
+        X_t, Y_t, _ = transform_new_data(self, X, Y)
+        y = Y_t.squeeze(-1)
+        if noise is None:
+            noise_q = self.likelihood.noise.detach().reshape(()).expand(X.shape[:-1])
+        else:
+            noise_q = noise.squeeze(-1)
+        if self._conditioning is not None:
+            X_old, y_old, noise_old = self._conditioning
+            batch = torch.broadcast_shapes(
+                X_old.shape[:-2], y_old.shape[:-1], X_t.shape[:-2], y.shape[:-1]
+            )
+            X_t = torch.cat(
+                [X_old.expand(*batch, *X_old.shape[-2:]), X_t.expand(*batch, *X_t.shape[-2:])], -2
+            )
+            y = torch.cat([y_old.expand(*batch, -1), y.expand(*batch, -1)], -1)
+            noise_q = torch.cat([noise_old.expand(*batch, -1), noise_q.expand(*batch, -1)], -1)
+        new = self.__class__.__new__(self.__class__)
+        new.__dict__ = {
+            key: value.copy() if isinstance(value, dict) else value
+            for key, value in self.__dict__.items()
+        }
+        new._conditioning = (X_t, y, noise_q)
+        return new
 
 
 def _check_int(value: object, name: str, low: int) -> None:
