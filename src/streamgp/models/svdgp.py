@@ -56,6 +56,7 @@ from torch import Tensor
 from torch.nn import Parameter
 
 from streamgp.linalg.decoupled import (
+    DecoupledCovariance,
     decoupled_covariance,
     decoupled_kl,
     decoupled_predictive,
@@ -310,8 +311,8 @@ class DecoupledSVGP(Model, FantasizeMixin):
         return self.covar_module(X1, X2.expand(*X1.shape[:-2], *X2.shape)).to_dense()
 
     # ------------------------------------------------------------ the objective
-    def _latent(self, X_t: Tensor, diag: bool) -> tuple[Tensor, Tensor]:
-        r"""Posterior mean and covariance (or variances if ``diag``) at transformed ``X_t``."""
+    def _latent(self, X_t: Tensor, diag: bool) -> tuple[tuple[Tensor, Tensor], DecoupledCovariance]:
+        r"""``((mean, covariance or variances if diag), factors)`` of ``q(f)`` at ``X_t``."""
         beta = self.covar_basis
         factors = decoupled_covariance(self._kernel(beta, beta), self.covar_root.tril())
         if diag:
