@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -74,8 +75,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     tkwargs = {"dtype": torch.float64, "device": torch.device(args.device)}
     torch.manual_seed(0)
     sizes = {
@@ -113,7 +117,9 @@ def main():
     machine = {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
-        "cpu_count": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "load_average_at_end": os.getloadavg(),
         "torch": torch.__version__,
         "device": args.device,
     }
