@@ -3,6 +3,7 @@
 from streamgp.models.local_gp import LocalGP
 from streamgp.models.osgpr import OnlineSGPR
 from streamgp.models.osvgp import OnlineSVGP
+from streamgp.models.projection import LearnedProjection
 from streamgp.models.wiski import WiskiGP
 
-__all__ = ["LocalGP", "OnlineSGPR", "OnlineSVGP", "WiskiGP"]
+__all__ = ["LearnedProjection", "LocalGP", "OnlineSGPR", "OnlineSVGP", "WiskiGP"]
