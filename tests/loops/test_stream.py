@@ -111,7 +111,8 @@ def test_projection_step_leaves_old_statistics_untouched():
     X, Y = split.online_X[:1], split.online_Y[:1]
     learner.step(X, Y)
     # The projection moved, so the new point uses different features ...
-    assert any(not torch.equal(a, b) for a, b in zip(old_phi, learner.projection.parameters()))
+    new_phi = list(learner.projection.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(old_phi, new_phi, strict=True))
     with torch.no_grad():
         new_features = learner.projection(X)
     assert not torch.allclose(new_features, old_features)
