@@ -286,3 +286,13 @@ def test_stream_cli_writes_outputs(shared_data, tmp_path, capsys):
     for name in ("stream_skillcraft.csv", "stream_skillcraft_summary.csv", "stream_skillcraft.png"):
         assert (tmp_path / name).is_file()
     assert "test_nll_mean" in capsys.readouterr().out
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    from streamgp.loops import stream
+    from streamgp.models import projection
+
+    for module in (stream, projection):
+        assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0

@@ -51,10 +51,11 @@ probabilities.
 Example:
     >>> from streamgp.datasets import make_streaming_split, synthetic_regression
     >>> split = make_streaming_split(synthetic_regression(300, seed=1), seed=0)
-    >>> loop = StreamingLoop(split, "wiski", config=StreamConfig(pretrain_steps=20))
-    >>> history = loop.run(loop.num_steps)
-    >>> history[["num_observations", "test_rmse", "test_nll"]].dropna().shape[1]
-    3
+    >>> config = StreamConfig(pretrain_steps=20)
+    >>> loop = StreamingLoop(split, "wiski", config=config, max_stream=20, num_evals=2)
+    >>> history = loop.run()  # pretraining (step 0), then 20 one-point steps
+    >>> history.dropna(subset=["test_rmse"])["num_observations"].tolist()
+    [13, 23, 33]
 """
 
 from __future__ import annotations
