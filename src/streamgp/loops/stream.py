@@ -55,7 +55,7 @@ Example:
     >>> loop = StreamingLoop(split, "wiski", config=config, max_stream=20, num_evals=2)
     >>> history = loop.run()  # pretraining (step 0), then 20 one-point steps
     >>> history.dropna(subset=["test_rmse"])["num_observations"].tolist()
-    [13, 23, 33]
+    [14, 24, 34]
 """
 
 from __future__ import annotations
