@@ -6,6 +6,9 @@ Commands (``streamgp <command> --help`` lists every option):
   several models; writes ``bo_<function>_<acquisition>.csv`` and a PNG.
 - ``streamgp active``: active learning on the malaria atlas (or a CSV file);
   writes the RMSE curves, a PNG and a map of the queried points.
+- ``streamgp stream``: the WISKI paper's online regression / classification
+  protocol on a benchmark dataset; writes ``stream_<dataset>.csv`` (the curves),
+  ``stream_<dataset>_summary.csv`` and a PNG like the paper's Figures 3 / 4.
 
 Example:
     ``streamgp bo --function levy --models wiski,exact --steps 300 --out results/``
@@ -129,6 +132,38 @@ def build_parser() -> argparse.ArgumentParser:
         "--candidates", type=_positive_int, default=256, help="pool points scored per step"
     )
     _common(active, default_q=6, default_init=10)
+
+    from streamgp.loops.stream import STREAM_MODELS
+
+    stream = commands.add_parser(
+        "stream", help="online regression / classification protocol (WISKI paper section 5)"
+    )
+    stream.add_argument("--dataset", default="powerplant", help="a registered dataset name")
+    stream.add_argument("--data-dir", default=None, help="default: $STREAMGP_DATA or the cache")
+    stream.add_argument(
+        "--models",
+        type=_choices_list(STREAM_MODELS, "model"),
+        default=["wiski", "exact"],
+        help=f"comma-separated, from {','.join(STREAM_MODELS)}",
+    )
+    stream.add_argument("--trials", type=_positive_int, default=1, help="seeds 0..trials-1")
+    stream.add_argument("--batch-size", type=_positive_int, default=1, help="points per step")
+    stream.add_argument("--max-stream", type=_positive_int, default=None, help="cap the stream")
+    stream.add_argument(
+        "--exact-max", type=_positive_int, default=5000, help="cap on the exact GP's n (O(n^3))"
+    )
+    stream.add_argument("--num-evals", type=_positive_int, default=50, help="test evaluations")
+    stream.add_argument("--pretrain-steps", type=int, default=200, help="Adam steps on the 5%%")
+    stream.add_argument("--pretrain-lr", type=float, default=5e-2)
+    stream.add_argument("--lr", type=float, default=5e-3, help="Adam lr of the online steps")
+    stream.add_argument("--grid-size", type=_positive_int, default=16, help="WISKI grid per dim")
+    stream.add_argument("--num-inducing", type=_positive_int, default=256)
+    stream.add_argument("--projection", default="auto", choices=["auto", "on", "off"])
+    stream.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    stream.add_argument("--out", default="results", help="output directory")
+    stream.add_argument("--resume", action="store_true", help="continue from checkpoints in --out")
+    stream.add_argument("--no-progress", action="store_true")
+    stream.add_argument("--no-plots", action="store_true")
     return parser
 
 
@@ -217,9 +252,65 @@ def _active(args: argparse.Namespace) -> None:
     print(f"results written to {args.out}/")
 
 
+def _stream(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from streamgp import datasets
+    from streamgp.loops.stream import (
+        CLASSIFICATION_MODELS,
+        StreamConfig,
+        run_stream_experiment,
+        summarize_stream,
+    )
+
+    prefix = "streamgp stream: error:"
+    try:
+        spec = datasets.get_dataset_spec(args.dataset)
+        config = StreamConfig(
+            pretrain_steps=args.pretrain_steps,
+            pretrain_lr=args.pretrain_lr,
+            lr=args.lr,
+            grid_size=args.grid_size,
+            num_inducing=args.num_inducing,
+            projection=args.projection,
+            exact_max=args.exact_max,
+        )
+        datasets.load_dataset(spec.name, args.data_dir)  # fail early on a missing file
+    except (ValueError, FileNotFoundError) as error:
+        raise SystemExit(f"{prefix} {error}") from None
+    if spec.task == "classification":
+        unsupported = [m for m in args.models if m not in CLASSIFICATION_MODELS]
+        if unsupported:
+            raise SystemExit(
+                f"{prefix} {spec.name} is a classification dataset; models {unsupported} "
+                f"have no classification variant (choose from {', '.join(CLASSIFICATION_MODELS)})"
+            )
+    results = run_stream_experiment(
+        lambda seed: datasets.load_streaming_split(spec.name, seed, args.data_dir),
+        name=spec.name,
+        models=args.models,
+        trials=args.trials,
+        batch_size=args.batch_size,
+        num_evals=args.num_evals,
+        max_stream=args.max_stream,
+        config=config,
+        out=args.out,
+        resume=args.resume,
+        progress=not args.no_progress,
+        plots=not args.no_plots,
+        device=args.device,
+    )
+    summary = summarize_stream(results)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    summary.to_csv(Path(args.out) / f"stream_{spec.name}_summary.csv", index=False)
+    with pd.option_context("display.width", 160, "display.max_columns", 20):
+        print(summary.to_string(index=False, float_format="%.4g"))
+    print(f"results written to {args.out}/")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    {"bo": _bo, "active": _active}[args.command](args)
+    {"bo": _bo, "active": _active, "stream": _stream}[args.command](args)
     return 0
 
 

@@ -105,3 +105,31 @@ def plot_queries(
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_stream(results: pd.DataFrame, path: str | Path, title: str = "") -> Path:
+    r"""Online regression/classification curves (the WISKI paper's Figures 3 and 4).
+
+    Test NLL and RMSE (regression) or accuracy (classification) against the number of
+    observations, and time per step against the number of observations.
+    """
+    plt = _pyplot()
+    second = "test_accuracy" if "test_accuracy" in results else "test_rmse"
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for model, frame in results.groupby("model", sort=False):
+        evaluated = frame.dropna(subset=["test_nll"])
+        _band(axes[0], evaluated, "num_observations", "test_nll", model)
+        _band(axes[1], evaluated, "num_observations", second, model)
+        streamed = frame[frame["step"] > 0]
+        if len(streamed):
+            _band(axes[2], streamed, "num_observations", "step_time", model)
+    axes[0].set(xlabel="observations", ylabel="test NLL (standardized)", title=title)
+    axes[1].set(xlabel="observations", ylabel=second.replace("_", " "))
+    axes[2].set(xlabel="observations", ylabel="time per step (s)", yscale="log")
+    for ax in axes:
+        ax.legend()
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -3,6 +3,13 @@
 from streamgp.loops.acquisition import AcquisitionOptions
 from streamgp.loops.active import ActiveLearningLoop
 from streamgp.loops.bo import TEST_FUNCTIONS, BayesOptLoop, make_test_function
+from streamgp.loops.stream import (
+    STREAM_MODELS,
+    StreamConfig,
+    StreamingLoop,
+    dirichlet_targets,
+    run_stream_experiment,
+)
 from streamgp.loops.surrogates import (
     SURROGATES,
     ExactSurrogate,
@@ -12,14 +19,19 @@ from streamgp.loops.surrogates import (
 )
 
 __all__ = [
+    "STREAM_MODELS",
     "SURROGATES",
     "TEST_FUNCTIONS",
     "AcquisitionOptions",
     "ActiveLearningLoop",
     "BayesOptLoop",
     "ExactSurrogate",
+    "StreamConfig",
+    "StreamingLoop",
     "Surrogate",
     "WiskiSurrogate",
+    "dirichlet_targets",
     "make_surrogate",
     "make_test_function",
+    "run_stream_experiment",
 ]

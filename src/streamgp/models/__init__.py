@@ -3,7 +3,15 @@
 from streamgp.models.local_gp import LocalGP
 from streamgp.models.osgpr import OnlineSGPR
 from streamgp.models.osvgp import OnlineSVGP
+from streamgp.models.projection import LearnedProjection
 from streamgp.models.svdgp import DecoupledSVGP
 from streamgp.models.wiski import WiskiGP
 
-__all__ = ["DecoupledSVGP", "LocalGP", "OnlineSGPR", "OnlineSVGP", "WiskiGP"]
+__all__ = [
+    "DecoupledSVGP",
+    "LearnedProjection",
+    "LocalGP",
+    "OnlineSGPR",
+    "OnlineSVGP",
+    "WiskiGP",
+]

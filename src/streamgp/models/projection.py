@@ -1,0 +1,86 @@
+r"""Learned input projection ``h(x; phi)`` for grid-based models in more than 3 dimensions.
+
+SKI grids grow exponentially with the input dimension, so WISKI (Stanton, Maddox,
+Delbridge & Wilson, "Kernel Interpolation for Scalable Online Gaussian Processes",
+AISTATS 2021, sections 4.3 and 5.1) interpolates on a low-dimensional learned
+projection of the inputs: a linear map ``R^d -> R^k`` (``k = 2`` in the paper),
+batch normalisation and ``tanh``, so features lie in ``(-1, 1)^k`` and always inside
+a grid on ``[-1, 1]^k``. The parameters ``phi`` are trained with the GP's marginal
+likelihood (deep kernel learning, Wilson et al. 2016).
+
+Online (the paper's eq. 18), the interpolation weights of points already absorbed are
+*not* recomputed when ``phi`` changes: the statistics ``W^T W``, ``W^T y`` of old points
+stay frozen and only new points are projected with the updated ``phi``. The projection
+is therefore applied *outside* the model (a WiskiGP's own input transform is frozen
+after construction): the caller projects ``X`` and gives the features to ``observe``,
+``condition_on_observations`` and ``posterior``. :class:`streamgp.loops.stream`
+implements that protocol.
+
+Batch normalisation: in training mode (batch pretraining) it normalises with the batch
+statistics and tracks running statistics; in eval mode (streaming, where a batch may
+be a single point) it uses the running statistics, whose affine parameters stay
+learnable. :meth:`LearnedProjection.calibrate` sets the running statistics to those of
+a given batch (e.g. the pretraining set at the end of pretraining).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from streamgp.utils.validation import check_tensor
+
+
+class LearnedProjection(nn.Module):
+    r"""``h(x) = tanh(BatchNorm(x P^T + c))``: a learned map ``R^d -> (-1, 1)^k``.
+
+    Args:
+        input_dim: ``d``, the input dimension.
+        output_dim: ``k``, the feature dimension (default 2, as in the paper).
+
+    Example:
+        >>> projection = LearnedProjection(8).double()
+        >>> X = 2 * torch.rand(50, 8, dtype=torch.float64) - 1
+        >>> features = projection(X)  # training mode: batch statistics
+        >>> features.shape, bool(features.abs().max() < 1)
+        (torch.Size([50, 2]), True)
+        >>> _ = projection.calibrate(X).eval()  # streaming: running statistics
+        >>> projection(X[:1]).shape
+        torch.Size([1, 2])
+    """
+
+    def __init__(self, input_dim: int, output_dim: int = 2) -> None:
+        for name, value in [("input_dim", input_dim), ("output_dim", output_dim)]:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}.")
+        super().__init__()
+        self.input_dim = input_dim
+        self.output_dim = output_dim
+        self.linear = nn.Linear(input_dim, output_dim)
+        self.batch_norm = nn.BatchNorm1d(output_dim)
+
+    def forward(self, X: Tensor) -> Tensor:
+        r"""Features of ``n x d`` inputs ``X``: an ``n x k`` tensor in ``(-1, 1)``."""
+        check_tensor(X, "X", min_dim=2, last_dim=self.input_dim)
+        if X.dim() != 2:
+            raise ValueError(f"X must have shape n x d, got {tuple(X.shape)}.")
+        if self.training and len(X) < 2:
+            raise ValueError(
+                "In training mode batch normalisation needs at least 2 rows; call .eval() "
+                "to project single points with the running statistics."
+            )
+        return torch.tanh(self.batch_norm(self.linear(X)))
+
+    @torch.no_grad()
+    def calibrate(self, X: Tensor) -> LearnedProjection:
+        r"""Set the batch-norm running statistics to those of the linear features of ``X``.
+
+        Leaves the module in its current mode and every parameter unchanged.
+        """
+        check_tensor(X, "X", min_dim=2, last_dim=self.input_dim)
+        if X.dim() != 2 or len(X) < 2:
+            raise ValueError(f"X must have shape n x d with n >= 2, got {tuple(X.shape)}.")
+        linear = self.linear(X)
+        self.batch_norm.running_mean.copy_(linear.mean(0))
+        self.batch_norm.running_var.copy_(linear.var(0, unbiased=True))
+        return self

@@ -1,0 +1,298 @@
+"""The online protocol: Dirichlet targets, metrics, eq. 18 projection steps, the loop, the CLI."""
+
+import copy
+import math
+
+import pandas as pd
+import pytest
+import torch
+from helpers_datasets import SHARED_DATA
+from scipy.stats import norm
+
+from streamgp.cli import main
+from streamgp.datasets import (
+    load_streaming_split,
+    make_streaming_split,
+    synthetic_classification,
+    synthetic_regression,
+)
+from streamgp.loops.stream import (
+    StreamConfig,
+    StreamingLoop,
+    WiskiLearner,
+    classification_metrics,
+    dirichlet_probabilities,
+    dirichlet_targets,
+    regression_metrics,
+    run_stream_experiment,
+    summarize_stream,
+)
+from streamgp.mlls import WoodburyMarginalLogLikelihood
+
+FAST = StreamConfig(pretrain_steps=15, num_inducing=16, grid_size=10)
+
+
+def _regression_split(n=240, d=2, seed=0):
+    return make_streaming_split(synthetic_regression(n, d, seed=seed), seed=seed)
+
+
+# ---------------------------------------------------------------- Dirichlet targets
+def test_dirichlet_targets_match_the_closed_form():
+    labels = torch.tensor([0.0, 2.0, 1.0, 2.0], dtype=torch.float64)
+    targets, noise = dirichlet_targets(labels, 3, alpha_epsilon=0.05)
+    for i, label in enumerate([0, 2, 1, 2]):
+        for c in range(3):
+            alpha = 0.05 + (1.0 if c == label else 0.0)
+            s2 = math.log(1 + 1 / alpha)
+            assert noise[i, c].item() == pytest.approx(s2, rel=1e-14)
+            assert targets[i, c].item() == pytest.approx(math.log(alpha) - s2 / 2, rel=1e-14)
+    # The lognormal N(y, s2) matches the Gamma(alpha, 1) mean and variance (Milios et al.).
+    alpha = torch.nn.functional.one_hot(labels.long(), 3).double() + 0.05
+    torch.testing.assert_close(torch.exp(targets + noise / 2), alpha)
+    torch.testing.assert_close((noise.exp() - 1) * alpha**2, alpha)
+    assert targets.dtype == noise.dtype == torch.float64
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ((torch.tensor([0.0, 1.0]), 1), "num_classes must be an int >= 2"),
+        ((torch.tensor([0.0, 2.0]), 2), "integers in \\[0, 1\\]"),
+        ((torch.tensor([0.5]), 2), "integers"),
+        ((torch.zeros(2, 1), 2), "1-d tensor"),
+        ((torch.tensor([0.0]), 2, 0.0), "alpha_epsilon must be a positive number"),
+    ],
+)
+def test_dirichlet_targets_reject_bad_arguments(args, message):
+    with pytest.raises(ValueError, match=message):
+        dirichlet_targets(*args)
+
+
+def test_dirichlet_probabilities_without_variance_are_the_softmax():
+    mean = torch.randn(5, 3, dtype=torch.float64)
+    probabilities = dirichlet_probabilities(mean, torch.zeros_like(mean), 4)
+    torch.testing.assert_close(probabilities, mean.softmax(-1))
+
+
+# ---------------------------------------------------------------- metrics
+def test_regression_metrics_match_scipy():
+    mean, variance, Y = torch.randn(20, 1), torch.rand(20, 1) + 0.1, torch.randn(20, 1)
+    mean, variance, Y = mean.double(), variance.double(), Y.double()
+    metrics = regression_metrics(mean, variance, Y)
+    expected_nll = -norm.logpdf(Y.numpy(), mean.numpy(), variance.sqrt().numpy()).mean()
+    assert metrics["test_nll"] == pytest.approx(expected_nll, rel=1e-12)
+    assert metrics["test_rmse"] == pytest.approx(((mean - Y) ** 2).mean().sqrt().item())
+
+
+def test_classification_metrics():
+    probabilities = torch.tensor([[0.9, 0.1], [0.3, 0.7], [0.6, 0.4]], dtype=torch.float64)
+    metrics = classification_metrics(probabilities, torch.tensor([0.0, 1.0, 1.0]))
+    assert metrics["test_accuracy"] == pytest.approx(2 / 3)
+    assert metrics["test_nll"] == pytest.approx(
+        -(math.log(0.9) + math.log(0.7) + math.log(0.4)) / 3
+    )
+
+
+# ---------------------------------------------------------------- eq. 18
+def _projected_learner():
+    split = _regression_split(200, d=5)
+    config = StreamConfig(pretrain_steps=3, grid_size=10, lr=0.05)
+    learner = WiskiLearner(split.pretrain_X, split.pretrain_Y, None, config)
+    return learner, split
+
+
+def test_projection_step_leaves_old_statistics_untouched():
+    learner, split = _projected_learner()
+    assert learner.projection is not None and not learner.projection.training
+    model = learner.models[0]
+    old = {k: v.clone() for k, v in model._statistics().items()}
+    old_phi = [p.detach().clone() for p in learner.projection.parameters()]
+    old_features = learner.projection(split.online_X[:1]).detach()
+    X, Y = split.online_X[:1], split.online_Y[:1]
+    learner.step(X, Y)
+    # The projection moved, so the new point uses different features ...
+    new_phi = list(learner.projection.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(old_phi, new_phi, strict=True))
+    with torch.no_grad():
+        new_features = learner.projection(X)
+    assert not torch.allclose(new_features, old_features)
+    # ... and the statistics grew by exactly that point's contribution with the *new*
+    # projection: the old points' interpolation weights were not recomputed.
+    w = model.interpolation.weights(new_features).to_dense().squeeze(0)
+    torch.testing.assert_close(model.stat_A, old["A"] + torch.outer(w, w))
+    torch.testing.assert_close(model.stat_b, old["b"] + w * Y.squeeze())
+    torch.testing.assert_close(model.stat_c, old["c"] + Y.squeeze() ** 2)
+    assert model.stat_n.item() == old["n"].item() + 1
+    w_old = model.interpolation.weights(old_features).to_dense().squeeze(0)
+    assert not torch.allclose(model.stat_A, old["A"] + torch.outer(w_old, w_old))
+
+
+def test_streaming_loss_is_the_mll_after_absorbing_with_old_weights_frozen():
+    learner, split = _projected_learner()
+    X, Y = split.online_X[:2], split.online_Y[:2]
+    before = {k: v.clone() for k, v in learner.models[0]._statistics().items()}
+    loss = learner._streaming_loss(X, Y, None)
+    for key, value in learner.models[0]._statistics().items():  # nothing mutated
+        assert torch.equal(value, before[key])
+    oracle = copy.deepcopy(learner.models[0])
+    with torch.no_grad():
+        oracle.observe(learner.projection(X), Y)
+        expected = -WoodburyMarginalLogLikelihood(oracle.likelihood, oracle)()
+    torch.testing.assert_close(loss.detach(), expected)
+    loss.backward()
+    assert learner.projection.linear.weight.grad.abs().sum() > 0
+
+
+# ---------------------------------------------------------------- the loop
+@pytest.mark.parametrize("model", ["wiski", "exact", "osvgp", "osgpr", "local"])
+def test_protocol_end_to_end_on_synthetic_regression(model):
+    split = _regression_split()
+    loop = StreamingLoop(split, model, config=FAST, num_evals=3, max_stream=30)
+    history = loop.run(progress=False)
+    assert loop.num_steps == 30 and len(history) == 31
+    assert history["num_observations"].tolist() == list(
+        range(split.num_pretrain, split.num_pretrain + 31)
+    )
+    evaluated = history.dropna(subset=["test_rmse"])
+    assert evaluated["step"].tolist() == [0, 10, 20, 30]
+    assert evaluated[["test_rmse", "test_nll"]].notna().all().all()
+    # A smooth function with little noise: every model beats the constant predictor.
+    assert evaluated["test_rmse"].iloc[-1] < 0.8
+    assert (history.loc[1:, "update_time"] > 0).all() and history.loc[0, "fit_time"] > 0
+
+
+def test_wiski_tracks_the_exact_gp_and_exact_max_caps_the_exact_run():
+    split = _regression_split(400)
+    config = StreamConfig(pretrain_steps=40, grid_size=16, exact_max=60)
+    finals = {}
+    for model in ("wiski", "exact"):
+        loop = StreamingLoop(split, model, config=config, num_evals=1, max_stream=100)
+        finals[model] = loop.run().dropna(subset=["test_rmse"]).iloc[-1]
+    assert finals["exact"]["num_observations"] == 60
+    assert finals["wiski"]["num_observations"] == split.num_pretrain + 100
+    assert finals["wiski"]["test_rmse"] < 1.25 * finals["exact"]["test_rmse"]
+
+
+def test_batches_and_checkpoint_resume_match_an_uninterrupted_run(tmp_path):
+    split = _regression_split()
+    loop = StreamingLoop(split, "wiski", config=FAST, batch_size=4, num_evals=2, max_stream=22)
+    full = loop.run()
+    assert loop.num_steps == 6 and full["num_observations"].iloc[-1] == split.num_pretrain + 22
+    first = StreamingLoop(split, "wiski", config=FAST, batch_size=4, num_evals=2, max_stream=22)
+    first.run(3, checkpoint=tmp_path / "run.pt")
+    resumed = StreamingLoop(split, "wiski", config=FAST, batch_size=4, num_evals=2, max_stream=22)
+    rest = resumed.load(tmp_path / "run.pt").run()
+    columns = ["num_observations", "test_rmse", "test_nll"]
+    pd.testing.assert_frame_equal(rest[columns], full[columns])
+    other = StreamingLoop(split, "exact", config=FAST, batch_size=4, max_stream=22)
+    with pytest.raises(ValueError, match="settings"):
+        other.load(tmp_path / "run.pt")
+
+
+@pytest.mark.parametrize("model", ["wiski", "exact", "osvgp"])
+def test_classification_protocol(model):
+    split = make_streaming_split(synthetic_classification(300, seed=2), seed=0)
+    loop = StreamingLoop(split, model, config=FAST, num_evals=1, max_stream=40)
+    final = loop.run().dropna(subset=["test_nll"]).iloc[-1]
+    assert 0.6 < final["test_accuracy"] <= 1 and 0 < final["test_nll"] < math.log(2)
+
+
+def test_loop_rejects_bad_arguments():
+    split = _regression_split()
+    with pytest.raises(ValueError, match="model must be one of"):
+        StreamingLoop(split, "svgp")
+    with pytest.raises(ValueError, match="batch_size must be a positive int"):
+        StreamingLoop(split, "wiski", batch_size=0)
+    with pytest.raises(TypeError, match="split must be a StreamingSplit"):
+        StreamingLoop(split.train_X, "wiski")
+    classification = make_streaming_split(synthetic_classification(100), seed=0)
+    with pytest.raises(ValueError, match="no classification variant"):
+        StreamingLoop(classification, "local")
+    with pytest.raises(ValueError, match="projection must be"):
+        StreamConfig(projection="maybe")
+    with pytest.raises(ValueError, match="pretrain_steps must be a non-negative int"):
+        StreamConfig(pretrain_steps=-1)
+
+
+def test_experiment_writes_curves_plot_and_summary(tmp_path):
+    results = run_stream_experiment(
+        lambda seed: _regression_split(seed=seed),
+        name="synthetic",
+        models=["wiski", "exact"],
+        trials=2,
+        num_evals=2,
+        max_stream=6,
+        config=FAST,
+        out=tmp_path,
+        progress=False,
+    )
+    written = pd.read_csv(tmp_path / "stream_synthetic.csv")
+    assert len(written) == len(results) == 2 * 2 * 7
+    assert (tmp_path / "stream_synthetic.png").stat().st_size > 0
+    summary = summarize_stream(results)
+    assert summary["model"].tolist() == ["wiski", "exact"] and (summary["trials"] == 2).all()
+    assert summary["test_rmse_mean"].notna().all() and (summary["time_per_step_s"] > 0).all()
+
+
+# ---------------------------------------------------------------- shared data
+@pytest.fixture
+def shared_data():
+    if SHARED_DATA is None:
+        pytest.skip(
+            "shared benchmark data not found (set STREAMGP_DATA or provide ../shared/data); "
+            "users' machines do not have it"
+        )
+    return SHARED_DATA
+
+
+def test_protocol_on_powerplant_with_a_small_cap(shared_data):
+    split = load_streaming_split("powerplant", seed=0, data_dir=shared_data)
+    assert split.num_features == 4  # > 3: WISKI learns a projection
+    config = StreamConfig(pretrain_steps=20, exact_max=500)
+    for model in ("wiski", "exact"):
+        loop = StreamingLoop(split, model, config=config, num_evals=1, max_stream=20)
+        final = loop.run().dropna(subset=["test_rmse"]).iloc[-1]
+        assert final["test_rmse"] < 0.5  # standardized units: powerplant is easy
+        if model == "wiski":
+            assert loop.learner.projection is not None
+
+
+# ---------------------------------------------------------------- command line
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["stream", "--dataset", "mars"], "Unknown dataset 'mars'. Registered datasets:"),
+        (["stream", "--models", "wiski,gpt"], "unknown model ['gpt']"),
+        (["stream", "--projection", "always"], "invalid choice: 'always'"),
+    ],
+)
+def test_stream_cli_errors_are_clear(argv, message, capsys):
+    with pytest.raises(SystemExit) as error:
+        main(argv)
+    assert message in capsys.readouterr().err + str(error.value)
+
+
+def test_stream_cli_missing_file_and_classification_models(shared_data, tmp_path):
+    with pytest.raises(SystemExit, match="streamgp stream: error:"):
+        main(["stream", "--dataset", "protein", "--data-dir", str(tmp_path)])
+    with pytest.raises(SystemExit, match="no classification variant"):
+        main(["stream", "--dataset", "banana", "--models", "osgpr", "--data-dir", str(shared_data)])
+
+
+def test_stream_cli_writes_outputs(shared_data, tmp_path, capsys):
+    argv = f"stream --dataset skillcraft --data-dir {shared_data} --models wiski,exact"
+    argv += " --max-stream 4 --num-evals 1 --pretrain-steps 3 --no-progress --out"
+    main([*argv.split(), str(tmp_path)])
+    for name in ("stream_skillcraft.csv", "stream_skillcraft_summary.csv", "stream_skillcraft.png"):
+        assert (tmp_path / name).is_file()
+    assert "test_nll_mean" in capsys.readouterr().out
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    from streamgp.loops import stream
+    from streamgp.models import projection
+
+    for module in (stream, projection):
+        assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0
