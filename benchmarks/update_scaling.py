@@ -7,9 +7,9 @@ Models (3-D inputs, RBF kernel, fixed hyperparameters):
   on the same 10^3 grid), whose ``InterpolatedPredictionStrategy`` rebuilds an
   O(m^3) cache on the first prediction after every update.
 
-Each timing is the median over repeats of ``condition_on_observations(X_q, Y_q)``
-followed by ``posterior(X_test)`` with mean and variance evaluated. Results go to
-``benchmarks/results/update_scaling.{json,csv}``.
+Each timing is the median over repeats (taken round-robin over n, the first dropped)
+of ``condition_on_observations(X_q, Y_q)`` followed by ``posterior(X_test)`` with mean
+and variance evaluated. Results go to ``benchmarks/results/update_scaling.{json,csv}``.
 
 Usage: ``python benchmarks/update_scaling.py [--quick]``
 """
@@ -41,6 +41,7 @@ def data(n, tkwargs):
 
 
 def time_update(model, tkwargs, repeats):
+    """Seconds of ``repeats`` updates (condition on q points, then predict at T)."""
     Xq, Yq = data(Q, tkwargs)
     Xs = torch.rand(T, D, **tkwargs)
     times = []
@@ -50,7 +51,7 @@ def time_update(model, tkwargs, repeats):
         post = conditioned.posterior(Xs)
         post.mean, post.variance  # noqa: B018 (force evaluation)
         times.append(time.perf_counter() - start)
-    return statistics.median(times[1:] if repeats > 2 else times)
+    return times
 
 
 def build(kind, n, tkwargs):
@@ -88,20 +89,30 @@ def main():
         # gpytorch-SKI construction at n = 10^4 takes minutes here; 4000 is the reference n.
         "gpytorch_ski": [100, 1000, 4000],
     }
-    repeats = {"wiski": 21, "exact": 7, "gpytorch_ski": 5}
+    repeats = {"wiski": 101, "exact": 7, "gpytorch_ski": 5}
     if args.quick:
         sizes = {k: [v for v in vs if v <= 1000] for k, vs in sizes.items()}
     rows = []
     torch.set_grad_enabled(False)  # all models: prediction caches without autograd graphs
     for kind, ns in sizes.items():
+        # All sizes of one model are built first and then timed round-robin (one update
+        # per size per round), so drifts in the shared machine's load affect every n
+        # alike and the ratios between sizes stay meaningful.
+        models, build_s = {}, {}
         for n in ns:
-            t_build = time.perf_counter()
-            model = build(kind, n, tkwargs)
-            t_build = time.perf_counter() - t_build
-            t = time_update(model, tkwargs, repeats[kind])
-            rows.append({"model": kind, "n": n, "median_ms": 1e3 * t, "build_s": t_build})
-            print(f"{kind:>13} n={n:>8}: {1e3 * t:9.2f} ms  (built in {t_build:.1f} s)", flush=True)
-            del model
+            start = time.perf_counter()
+            models[n] = build(kind, n, tkwargs)
+            build_s[n] = time.perf_counter() - start
+            print(f"{kind:>13} n={n:>8}: built in {build_s[n]:.1f} s", flush=True)
+        times = {n: [] for n in ns}
+        for _ in range(repeats[kind]):
+            for n in ns:
+                times[n].extend(time_update(models[n], tkwargs, 1))
+        for n in ns:
+            t = statistics.median(times[n][1:])
+            rows.append({"model": kind, "n": n, "median_ms": 1e3 * t, "build_s": build_s[n]})
+            print(f"{kind:>13} n={n:>8}: {1e3 * t:9.2f} ms", flush=True)
+        del models
     frame = pd.DataFrame(rows)
     med = {(r.model, r.n): r.median_ms for r in frame.itertuples()}
     summary = {}
