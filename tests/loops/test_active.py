@@ -89,6 +89,29 @@ def test_qnipv_choice_matches_brute_force_variance_reduction(q):
     assert chosen.tolist() == expected
 
 
+@pytest.mark.parametrize("resample", [True, False])
+def test_qnipv_integration_points_are_redrawn_each_step_unless_fixed(monkeypatch, resample):
+    import streamgp.loops.active as active
+
+    seen = []
+    original = active.select_from_pool
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["mc_points"].clone())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(active, "select_from_pool", spy)
+    loop = make_loop("wiski", "qnipv")
+    loop.resample_mc_points = resample
+    loop.run(3)
+    assert len(seen) == 3 and all(points.shape == (32, 2) for points in seen)
+    # Every integration point is a test input.
+    for points in seen:
+        assert (points.unsqueeze(-2) == loop.test_X).all(-1).any(-1).all()
+    same = [torch.equal(seen[0], points) for points in seen[1:]]
+    assert same == ([False, False] if resample else [True, True])
+
+
 @pytest.mark.parametrize("model", ["wiski", "exact"])
 def test_resume_from_checkpoint_reproduces_uninterrupted_run(tmp_path, model):
     full = make_loop(model).run(3)
