@@ -1,5 +1,6 @@
 """BoTorch models for online Gaussian-process regression."""
 
+from streamgp.models.kissgp import KissGP
 from streamgp.models.local_gp import LocalGP
 from streamgp.models.osgpr import OnlineSGPR
 from streamgp.models.osvgp import OnlineSVGP
@@ -9,6 +10,7 @@ from streamgp.models.wiski import WiskiGP
 
 __all__ = [
     "DecoupledSVGP",
+    "KissGP",
     "LearnedProjection",
     "LocalGP",
     "OnlineSGPR",

@@ -15,10 +15,16 @@ from typing import Any
 
 import torch
 from botorch.models.transforms.input import InputTransform
-from botorch.models.transforms.outcome import OutcomeTransform
+from botorch.models.transforms.outcome import OutcomeTransform, Standardize
 from botorch.posteriors.gpytorch import GPyTorchPosterior
 from gpytorch.distributions import MultivariateNormal
-from linear_operator.operators import DenseLinearOperator
+from linear_operator.operators import (
+    DenseLinearOperator,
+    DiagLinearOperator,
+    LowRankRootAddedDiagLinearOperator,
+    LowRankRootLinearOperator,
+    RootLinearOperator,
+)
 from torch import Tensor
 
 
@@ -101,6 +107,48 @@ def assemble_posterior(
         mvn = MultivariateNormal(mvn.mean, DenseLinearOperator(covar))
     posterior = GPyTorchPosterior(distribution=mvn)
     outcome_tf = getattr(model, "outcome_transform", None)
+    if outcome_tf is not None:
+        posterior = outcome_tf.untransform_posterior(posterior, X=X_t)
+    if posterior_transform is not None:
+        return posterior_transform(posterior=posterior, X=X_t)
+    return posterior
+
+
+def assemble_root_posterior(
+    model: torch.nn.Module,
+    mvn: MultivariateNormal,
+    X_t: Tensor,
+    observation_noise: bool | Tensor,
+    noise_variance: Callable[[], Tensor],
+    posterior_transform: Any | None = None,
+) -> GPyTorchPosterior:
+    r"""Like :func:`assemble_posterior`, for an ``mvn`` whose covariance is a low-rank root.
+
+    Keeps the covariance as ``root root^T (+ diag(noise))`` so that variances stay
+    ``O(k)`` and BoTorch's samplers draw ``k``-dimensional base samples (LOVE). A
+    ``Standardize`` outcome transform scales the root itself, because its generic
+    untransform would wrap the root in a product operator and lose that structure.
+    """
+    mean, root = mvn.mean, mvn.lazy_covariance_matrix.root.to_dense()
+    noise = None
+    if isinstance(observation_noise, Tensor):
+        noise = observation_noise.squeeze(-1).expand(mean.shape)
+    elif observation_noise:
+        noise = noise_variance().expand(mean.shape)
+    outcome_tf = getattr(model, "outcome_transform", None)
+    if type(outcome_tf) is Standardize:
+        scale = outcome_tf.stdvs.reshape(())
+        mean = outcome_tf.means.reshape(()) + scale * mean
+        root = scale * root
+        noise = None if noise is None else noise * scale.square()
+        outcome_tf = None
+    if noise is None:
+        covar = RootLinearOperator(root)
+    else:
+        covar = LowRankRootAddedDiagLinearOperator(
+            LowRankRootLinearOperator(root), DiagLinearOperator(noise)
+        )
+    posterior = GPyTorchPosterior(distribution=MultivariateNormal(mean, covar))
     if outcome_tf is not None:
         posterior = outcome_tf.untransform_posterior(posterior, X=X_t)
     if posterior_transform is not None:

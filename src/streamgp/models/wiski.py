@@ -60,7 +60,7 @@ import torch
 from botorch.models.gpytorch import GPyTorchModel
 from botorch.models.model import FantasizeMixin
 from botorch.models.transforms.input import InputTransform
-from botorch.models.transforms.outcome import OutcomeTransform, Standardize
+from botorch.models.transforms.outcome import OutcomeTransform
 from botorch.models.utils.gpytorch_modules import (
     get_covar_module_with_dim_scaled_prior,
     get_gaussian_likelihood_with_lognormal_prior,
@@ -73,9 +73,6 @@ from gpytorch.models import GP
 from gpytorch.settings import fast_pred_samples, fast_pred_var
 from linear_operator.operators import (
     DenseLinearOperator,
-    DiagLinearOperator,
-    LowRankRootAddedDiagLinearOperator,
-    LowRankRootLinearOperator,
     RootLinearOperator,
 )
 from torch import Tensor
@@ -95,6 +92,7 @@ from streamgp.linalg.woodbury import (
 )
 from streamgp.models.frozen_transforms import (
     assemble_posterior,
+    assemble_root_posterior,
     fit_frozen_transforms,
     transform_new_data,
 )
@@ -532,47 +530,12 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         self.interpolation.check_inside(X_t, "X")
         mvn = self(X_t)
         if isinstance(mvn.lazy_covariance_matrix, RootLinearOperator):
-            return self._love_posterior(mvn, X_t, observation_noise, posterior_transform)
+            return assemble_root_posterior(
+                self, mvn, X_t, observation_noise, lambda: self.noise_variance, posterior_transform
+            )
         return assemble_posterior(
             self, mvn, X_t, observation_noise, lambda: self.noise_variance, posterior_transform
         )
-
-    def _love_posterior(
-        self,
-        mvn: MultivariateNormal,
-        X_t: Tensor,
-        observation_noise: bool | Tensor,
-        posterior_transform: Any | None,
-    ) -> GPyTorchPosterior:
-        r"""A posterior that keeps the LOVE root (fast variances and samples)."""
-        mean, root = mvn.mean, mvn.lazy_covariance_matrix.root.to_dense()
-        noise = None
-        if observation_noise is not False:
-            if isinstance(observation_noise, Tensor):
-                noise = observation_noise.squeeze(-1).expand(mean.shape)
-            else:
-                noise = self.noise_variance.expand(mean.shape)
-        outcome_tf = getattr(self, "outcome_transform", None)
-        if type(outcome_tf) is Standardize:
-            # Scale the root itself: Standardize's generic untransform would wrap it in
-            # a product operator and lose the k-dimensional base samples.
-            scale = outcome_tf.stdvs.reshape(())
-            mean = outcome_tf.means.reshape(()) + scale * mean
-            root = scale * root
-            noise = None if noise is None else noise * scale.square()
-            outcome_tf = None
-        if noise is None:
-            covar = RootLinearOperator(root)
-        else:
-            covar = LowRankRootAddedDiagLinearOperator(
-                LowRankRootLinearOperator(root), DiagLinearOperator(noise)
-            )
-        posterior = GPyTorchPosterior(distribution=MultivariateNormal(mean, covar))
-        if outcome_tf is not None:
-            posterior = outcome_tf.untransform_posterior(posterior, X=X_t)
-        if posterior_transform is not None:
-            return posterior_transform(posterior=posterior, X=X_t)
-        return posterior
 
     # -------------------------------------------------------------- updates
     def observe(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> WiskiGP:

@@ -1,0 +1,613 @@
+r"""KISS-GP: structured kernel interpolation with an exact GP, as a BoTorch model.
+
+KISS-GP (Wilson & Nickisch, "Kernel Interpolation for Scalable Structured Gaussian
+Processes (KISS-GP)", ICML 2015) approximates the kernel by
+``K_XX ~ W K_UU W^T`` with a regular grid ``U`` and sparse cubic interpolation
+weights ``W`` (``4^d`` non-zeros per row). :class:`KissGP` is gpytorch's ``ExactGP``
+around a ``GridInterpolationKernel``: it stores all ``n`` observations and is trained
+with gpytorch's ``ExactMarginalLogLikelihood`` (conjugate gradients and stochastic
+Lanczos on the interpolated kernel, the KISS-GP way). It is streamgp's non-online
+comparison point for :class:`~streamgp.models.WiskiGP` (same SKI model, but updates
+that rebuild from all data).
+
+Two deliberate departures from gpytorch 1.15.2, both measured there:
+
+* ``K_UU`` in the right order. gpytorch's ``GridKernel`` builds
+  ``KroneckerProductLinearOperator(*covars[::-1])`` for a legacy operator order that
+  ``linear_operator`` no longer has, so ARD lengthscales act on the wrong dimensions
+  (max kernel error 0.59 with lengthscales ``[0.2, 0.5]`` in 2-D). Here the kernel
+  evaluates ``K_UU`` itself, with :func:`streamgp.linalg.grid_kernel.grid_kernel_root`,
+  in the flat index order of the interpolation weights (first dimension slowest),
+  and the weights come from :class:`~streamgp.interpolation.grid.CubicGridInterpolation`.
+* Predictions never go through gpytorch's ``InterpolatedPredictionStrategy``, whose
+  ``left_interp`` densifies a ``t x 4^d x m`` tensor (20 GB for ``10^4`` test points
+  on a ``16^3`` grid) and whose LOVE cache has a fixed rank of 100 (variance errors
+  of 23x-1450x in the LOVE issue). The predictive distribution is the exact SKI
+  posterior of the grid values (:mod:`streamgp.linalg.woodbury`, or
+  :mod:`streamgp.linalg.structured` for large grids), applied to test points with
+  sparse products, so memory is ``O(t m)`` (exact) or ``O(t k)`` (LOVE).
+
+LOVE (Pleiss, Gardner, Weinberger & Wilson, "Constant-Time Predictive Distributions
+for Gaussian Processes", ICML 2018; :mod:`streamgp.linalg.love`). Inside
+``gpytorch.settings.fast_pred_var()`` or ``fast_pred_samples()`` the predictive
+covariance is ``(W_* R_k)(W_* R_k)^T`` with a rank-``k`` root ``R_k`` of the grid
+posterior covariance, returned as a ``RootLinearOperator``: a variance costs
+``O(4^d k)`` and ``s`` joint samples at ``t`` points ``O(s k t)``. The rank is chosen
+to meet ``love_tolerance`` (default ``1e-8``; settable per model):
+
+- separable kernels (RBF, scaled RBF): the root comes from
+  :func:`~streamgp.linalg.structured.structured_grid_posterior`, which never forms
+  an ``m x m`` matrix (Kronecker ``K_UU``, sparse ``W^T Lambda^{-1} W``), so the
+  precomputation costs ``O(k (nnz + m sum_i g_i + m k))``. A LOVE variance
+  ``v_k(x)`` then satisfies (up to round-off)
+  ``-tol w^T K_UU w <= v(x) - v_k(x) <= |w|^2 tol tr(Sigma_1)`` with
+  ``tr(Sigma_1) <= tr(K_UU)`` (that module's two Lanczos passes: the first may
+  over-state a variance by ``tol`` times the prior variance, the second under-state
+  it by ``tol`` times the trace), and is never negative;
+- other kernels: :func:`~streamgp.linalg.love.lanczos_root` of the exact dense grid
+  posterior ``R R^T``: ``0 <= v(x) - v_k(x) <= |w(x)|^2 tol tr(Sigma_U)``.
+
+The root is cached until the data or the hyperparameters change. Models conditioned
+on observations (fantasies) use the exact path even under the switches.
+
+Costs. Building the prediction cache reads all ``n`` observations once
+(``O(n 16^d)`` for the statistics) and then costs ``O(m^3)`` (exact, dense grid,
+``m <= MAX_DENSE_GRID``) or the LOVE cost above. :meth:`KissGP.observe` appends the
+data and drops the caches, so the next prediction rebuilds them: ``O(n 16^d + m^3)``
+per update, unlike WISKI's ``O(m^2 q)``. :meth:`KissGP.condition_on_observations`
+(BoTorch's ``fantasize``) is a rank-``q`` correction of the cached grid posterior
+(:class:`~streamgp.linalg.woodbury.LowRankCorrection`), exact and batched over
+fantasy samples.
+
+Transforms, as in :class:`~streamgp.models.WiskiGP`: an ``input_transform`` and an
+``outcome_transform`` are fitted once on the constructor's data and then frozen.
+The prior mean is zero (use ``Standardize``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from botorch.models.gpytorch import GPyTorchModel
+from botorch.models.model import FantasizeMixin
+from botorch.models.transforms.input import InputTransform
+from botorch.models.transforms.outcome import OutcomeTransform
+from botorch.models.utils.gpytorch_modules import (
+    get_covar_module_with_dim_scaled_prior,
+    get_gaussian_likelihood_with_lognormal_prior,
+)
+from botorch.posteriors.gpytorch import GPyTorchPosterior
+from gpytorch.distributions import MultivariateNormal
+from gpytorch.kernels import GridInterpolationKernel, Kernel
+from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
+from gpytorch.means import ZeroMean
+from gpytorch.models import ExactGP
+from gpytorch.settings import fast_pred_samples, fast_pred_var
+from linear_operator.operators import (
+    DenseLinearOperator,
+    KroneckerProductLinearOperator,
+    LinearOperator,
+    RootLinearOperator,
+)
+from torch import Tensor
+
+from streamgp.interpolation.grid import CubicGridInterpolation
+from streamgp.linalg.grid_kernel import grid_kernel_root, is_separable
+from streamgp.linalg.love import DEFAULT_TOLERANCE, lanczos_root
+from streamgp.linalg.structured import structured_grid_posterior
+from streamgp.linalg.woodbury import GridPosterior, LowRankCorrection, factorize
+from streamgp.models.frozen_transforms import (
+    assemble_posterior,
+    assemble_root_posterior,
+    fit_frozen_transforms,
+    transform_new_data,
+)
+from streamgp.models.wiski import default_grid_size
+from streamgp.utils.validation import check_positive, check_targets, check_tensor
+
+
+def _invalidate_after_load(module: KissGP, incompatible_keys: Any) -> None:
+    module._invalidate()  # loaded buffers (e.g. the grid) may differ from the cached ones
+
+
+class SKIKernel(GridInterpolationKernel):
+    r"""gpytorch's ``GridInterpolationKernel`` with ``K_UU`` in the interpolation's order.
+
+    The grid and the cubic weights are those of a :class:`CubicGridInterpolation`
+    (bounds padded by one spacing, first dimension slowest), and ``K_UU`` is evaluated
+    with :func:`~streamgp.linalg.grid_kernel.grid_kernel_root` in that same order
+    (Kronecker-factored for separable kernels), which fixes gpytorch 1.15.2's reversed
+    ARD dimensions. Everything else (the ``InterpolatedLinearOperator`` used by
+    gpytorch's CG-based marginal likelihood) is gpytorch's.
+
+    Args:
+        base_kernel: Kernel on ``d``-dimensional inputs (not batched).
+        interpolation: The grid and its interpolation weights.
+    """
+
+    def __init__(self, base_kernel: Kernel, interpolation: CubicGridInterpolation) -> None:
+        bounds = [tuple(b) for b in interpolation.bounds.t().tolist()]
+        super().__init__(
+            base_kernel,
+            grid_size=interpolation.grid_size,
+            num_dims=interpolation.dim,
+            grid_bounds=bounds,
+        )
+        self.interpolation = interpolation
+        self.update_grid(interpolation.grid)
+
+    def _compute_grid(self, inputs: Tensor, last_dim_is_batch: bool = False):
+        if last_dim_is_batch:
+            raise ValueError("SKIKernel does not support last_dim_is_batch.")
+        weights = self.interpolation.weights(inputs)
+        return weights.indices, weights.values
+
+    def _inducing_forward(self, last_dim_is_batch: bool, **params: Any) -> LinearOperator:
+        if last_dim_is_batch:
+            raise ValueError("SKIKernel does not support last_dim_is_batch.")
+        factors = [f @ f.mT for f in grid_kernel_root(self.base_kernel, self.grid).factors]
+        if len(factors) == 1:
+            return DenseLinearOperator(factors[0])
+        return KroneckerProductLinearOperator(*factors)  # first factor slowest, as W
+
+
+class KissGP(GPyTorchModel, ExactGP, FantasizeMixin):
+    r"""KISS-GP (exact GP with an interpolated grid kernel) with LOVE predictions.
+
+    Args:
+        train_X: ``n x d`` training inputs (``n >= 1``).
+        train_Y: ``n x 1`` training targets.
+        train_Yvar: Optional ``n x 1`` observed noise variances (fixed heteroskedastic
+            noise; ``observe`` then requires ``Yvar``). Otherwise the noise is learned.
+        grid_size: Grid points per dimension (int or one per dimension), including the
+            one-spacing padding beyond ``grid_bounds``. Default: about 1024 in total.
+        grid_bounds: ``2 x d`` box covered by the grid, in the transformed input space.
+            Default: the unit cube (normalise inputs, e.g. with ``Normalize``). Points
+            outside are rejected.
+        covar_module: Base kernel (not a ``GridInterpolationKernel``; it is wrapped in
+            :class:`SKIKernel`). Default: BoTorch's ``SingleTaskGP`` kernel.
+        likelihood: Gaussian likelihood for the learned-noise variant; must be omitted
+            with ``train_Yvar``.
+        input_transform: Input transform, fitted on ``train_X`` and then frozen.
+        outcome_transform: Outcome transform, fitted on ``train_Y`` and then frozen.
+
+    Example:
+        >>> import gpytorch
+        >>> from botorch.models.transforms import Standardize
+        >>> X = torch.rand(200, 2, dtype=torch.float64)
+        >>> Y = torch.sin(6 * X).sum(-1, keepdim=True)
+        >>> model = KissGP(X, Y, grid_size=30, outcome_transform=Standardize(1))
+        >>> model.love_tolerance = 1e-6
+        >>> with gpytorch.settings.fast_pred_var():
+        ...     var = model.posterior(torch.rand(10_000, 2, dtype=torch.float64)).variance
+        >>> model.observe(X[:3], Y[:3])  # appends the data; caches are rebuilt lazily
+    """
+
+    _num_outputs = 1
+    #: Largest grid that uses the exact dense ``m x m`` grid posterior; larger grids
+    #: always use the LOVE root (separable kernels only).
+    MAX_DENSE_GRID = 4096
+    #: LOVE tolerance (see the module docs for what it bounds); settable per model.
+    love_tolerance: float = DEFAULT_TOLERANCE
+    #: Rows per chunk when accumulating the grid statistics from the data.
+    STATISTICS_CHUNK = 8192
+
+    def __init__(
+        self,
+        train_X: Tensor,
+        train_Y: Tensor,
+        train_Yvar: Tensor | None = None,
+        *,
+        grid_size: int | Sequence[int] | None = None,
+        grid_bounds: Tensor | None = None,
+        covar_module: Kernel | None = None,
+        likelihood: GaussianLikelihood | None = None,
+        input_transform: InputTransform | None = None,
+        outcome_transform: OutcomeTransform | None = None,
+    ) -> None:
+        check_tensor(train_X, "train_X", min_dim=2)
+        if train_X.dim() != 2 or len(train_X) == 0:
+            raise ValueError(
+                f"train_X must have shape n x d with n >= 1 (batched models are not "
+                f"supported), got {tuple(train_X.shape)}."
+            )
+        check_targets(
+            check_tensor(train_Y, "train_Y", like=train_X, min_dim=2), "train_Y", len(train_X)
+        )
+        if train_Yvar is not None:
+            check_tensor(train_Yvar, "train_Yvar", like=train_X, min_dim=2)
+            if train_Yvar.shape != train_Y.shape:
+                raise ValueError(
+                    f"train_Yvar must have the shape of train_Y {tuple(train_Y.shape)}, "
+                    f"got {tuple(train_Yvar.shape)}."
+                )
+            check_positive(train_Yvar, "train_Yvar")
+            if likelihood is not None:
+                raise ValueError(
+                    "likelihood must be None when train_Yvar is given (the fixed-noise "
+                    "likelihood is built from train_Yvar)."
+                )
+        if likelihood is not None and (
+            not isinstance(likelihood, GaussianLikelihood)
+            or isinstance(likelihood, FixedNoiseGaussianLikelihood)
+        ):
+            raise TypeError(
+                "likelihood must be a gpytorch GaussianLikelihood (learned homoskedastic "
+                f"noise); got {type(likelihood).__name__}. Pass train_Yvar for fixed noise."
+            )
+        if isinstance(covar_module, GridInterpolationKernel):
+            raise TypeError(
+                "covar_module must be the base kernel; KissGP wraps it in its own "
+                "SKIKernel (gpytorch's GridInterpolationKernel reverses ARD dimensions)."
+            )
+        dim = train_X.shape[-1]
+        tkwargs = {"dtype": train_X.dtype, "device": train_X.device}
+        if train_Yvar is not None:
+            likelihood = FixedNoiseGaussianLikelihood(noise=train_Yvar.squeeze(-1))
+        elif likelihood is None:
+            likelihood = get_gaussian_likelihood_with_lognormal_prior()
+        ExactGP.__init__(self, train_X, train_Y.squeeze(-1), likelihood.to(**tkwargs))
+        self.fixed_noise = train_Yvar is not None
+        transformed_X, train_Y, train_Yvar = fit_frozen_transforms(
+            self, train_X, train_Y, input_transform, outcome_transform, train_Yvar
+        )
+
+        if grid_bounds is None:
+            grid_bounds = torch.stack([torch.zeros(dim), torch.ones(dim)]).to(**tkwargs)
+        else:
+            check_tensor(grid_bounds, "grid_bounds", like=train_X, min_dim=2, last_dim=dim)
+        self.interpolation = CubicGridInterpolation(
+            grid_bounds, default_grid_size(dim) if grid_size is None else grid_size
+        )
+        self.interpolation.check_inside(transformed_X, "train_X")
+        if covar_module is None:
+            covar_module = get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
+        self.mean_module = ZeroMean()
+        self.covar_module = SKIKernel(covar_module, self.interpolation).to(**tkwargs)
+        m = self.interpolation.num_grid
+        self.structured = m > self.MAX_DENSE_GRID
+        if self.structured and not is_separable(covar_module):
+            raise ValueError(
+                f"A grid of {m} > MAX_DENSE_GRID = {self.MAX_DENSE_GRID} points needs a "
+                "Kronecker-structured kernel (RBF or ScaleKernel(RBF)); got "
+                f"{type(covar_module).__name__}. Use a coarser grid_size."
+            )
+        self._set_data(transformed_X, train_Y.squeeze(-1), train_Yvar)
+        self.register_load_state_dict_post_hook(_invalidate_after_load)
+        self._correction: LowRankCorrection | None = None
+        # Transformed (X, y, noise) of each conditioning, replayed after a
+        # hyperparameter change.
+        self._conditioning_log: list[tuple[Tensor, Tensor, Tensor]] = []
+
+    # ------------------------------------------------------------------ state
+    @property
+    def base_kernel(self) -> Kernel:
+        r"""The kernel whose ``K_UU`` is interpolated."""
+        return self.covar_module.base_kernel
+
+    def _set_data(self, X: Tensor, y: Tensor, noise: Tensor | None) -> None:
+        r"""Replace the (transformed) training data and drop every cache."""
+        self.set_train_data(X, y, strict=False)
+        if noise is not None:
+            self.likelihood.noise = noise.reshape(-1)
+        self._invalidate()
+
+    def _invalidate(self) -> None:
+        self._statistics: tuple[Tensor, Tensor] | None = None
+        self._posterior_cache: dict[str, Any] = {}
+        self._hyper_snapshot: list[Tensor] | None = None
+
+    def _apply(self, fn, *args, **kwargs):
+        # Device/dtype moves: the grid and the caches follow the training data.
+        super()._apply(fn, *args, **kwargs)
+        like = self.train_targets
+        self.interpolation = self.interpolation.to(device=like.device, dtype=like.dtype)
+        self.covar_module.interpolation = self.interpolation
+        self._invalidate()
+        return self
+
+    def _set_transformed_inputs(self) -> None:
+        # Inputs are transformed when they arrive; train_inputs are already transformed.
+        pass
+
+    def _revert_to_original_inputs(self) -> None:
+        pass
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        if self._correction is None:
+            return torch.Size([])
+        return self._correction.gamma.shape[:-1]
+
+    @property
+    def num_train(self) -> int:
+        r"""Number of observations, including those of conditioning."""
+        return len(self.train_targets) + sum(e[0].shape[-2] for e in self._conditioning_log)
+
+    @property
+    def noise_variance(self) -> Tensor:
+        r"""The homoskedastic noise variance, or the mean fixed noise variance."""
+        noise = self.likelihood.noise.mean() if self.fixed_noise else self.likelihood.noise
+        noise = noise.reshape(())
+        if not noise > 0:
+            raise ValueError(
+                f"The likelihood's noise variance is {noise.item():.3g}, not positive; fit with "
+                "botorch.fit.fit_gpytorch_mll or use a likelihood with a noise constraint."
+            )
+        return noise
+
+    def _check_hyperparameters(self) -> None:
+        current = [p.detach() for p in self.parameters()]
+        snapshot = self._hyper_snapshot
+        if (
+            snapshot is not None
+            and len(snapshot) == len(current)
+            and all(torch.equal(a, b) for a, b in zip(current, snapshot, strict=True))
+        ):
+            return
+        self._posterior_cache = {}
+        self._hyper_snapshot = [p.clone() for p in current]
+        if self._conditioning_log:  # replay (keeps gradients w.r.t. conditioning inputs)
+            posterior = self.grid_posterior()
+            correction = LowRankCorrection.empty(posterior.root.shape[-1], self.train_targets)
+            for X_q, y_q, noise_q in self._conditioning_log:
+                correction = correction.condition(
+                    posterior, self.interpolation.weights(X_q), y_q, noise_q
+                )
+            self._correction = correction
+
+    def weighted_statistics(self) -> tuple[Tensor, Tensor]:
+        r"""Sparse ``A = W^T Lambda^{-1} W`` (``m x m``) and ``b = W^T Lambda^{-1} y``.
+
+        Computed from the stored data in ``O(n 16^d)`` (in chunks), once per data set;
+        the learned noise is applied on each call. Without autograd.
+        """
+        if self._statistics is None:
+            X, y = self.train_inputs[0], self.train_targets
+            precision = self.likelihood.noise.detach().reciprocal() if self.fixed_noise else None
+            m = self.interpolation.num_grid
+            A = torch.sparse_coo_tensor(
+                torch.zeros(2, 0, dtype=torch.long, device=y.device),
+                y.new_zeros(0),
+                (m, m),
+                check_invariants=False,
+            )
+            b = y.new_zeros(m)
+            with torch.no_grad():
+                for start in range(0, len(y), self.STATISTICS_CHUNK):
+                    rows = slice(start, start + self.STATISTICS_CHUNK)
+                    weights = self.interpolation.weights(X[rows])
+                    prec = torch.ones_like(y[rows]) if precision is None else precision[rows]
+                    A = (A + weights.weighted_gram(prec, sparse=True)).coalesce()
+                    b = b + weights.t_matvec(prec * y[rows])
+            self._statistics = (A, b)
+        A, b = self._statistics
+        if self.fixed_noise:
+            return A, b
+        s2 = self.noise_variance.detach()
+        return A / s2, b / s2
+
+    def grid_posterior(self) -> GridPosterior:
+        r"""The exact posterior of the grid values (LOVE's for grids above ``MAX_DENSE_GRID``).
+
+        Rebuilt lazily from the data after ``observe`` or a hyperparameter change, and
+        detached from the hyperparameters (as gpytorch's ``detach_test_caches``).
+        """
+        self._check_hyperparameters()
+        if self.structured:
+            return self._love_posterior_cached()
+        if "exact" not in self._posterior_cache:
+            with torch.no_grad():
+                A, b = self.weighted_statistics()
+                L_K = grid_kernel_root(self.base_kernel, self.interpolation.grid)
+                self._posterior_cache["exact"] = factorize(L_K, A.to_dense(), b)
+        return self._posterior_cache["exact"]
+
+    def _love_posterior_cached(self) -> GridPosterior:
+        key = ("love", float(self.love_tolerance))
+        if key not in self._posterior_cache:
+            tol = float(self.love_tolerance)
+            with torch.no_grad():
+                if is_separable(self.base_kernel):
+                    A, b = self.weighted_statistics()
+                    L_K = grid_kernel_root(self.base_kernel, self.interpolation.grid)
+                    posterior = structured_grid_posterior(L_K, A, b, tol=tol).posterior
+                else:
+                    exact = self.grid_posterior()
+                    R = exact.root
+                    root = lanczos_root(
+                        lambda v: (R @ (R.mT @ v.unsqueeze(-1))).squeeze(-1),
+                        R.square().sum(),
+                        R.shape[-2],
+                        tol=tol,
+                    ).root
+                    posterior = GridPosterior(root, exact.mean)
+            self._posterior_cache = {
+                k: v for k, v in self._posterior_cache.items() if k[0] != "love"
+            }
+            self._posterior_cache[key] = posterior
+        return self._posterior_cache[key]
+
+    def love_grid_posterior(self) -> GridPosterior | None:
+        r"""The grid posterior with a rank-``k`` LOVE root, or None for the exact path.
+
+        Large grids always have one. Dense grids have one inside ``fast_pred_var`` /
+        ``fast_pred_samples`` for models without a conditioning correction.
+        """
+        self._check_hyperparameters()
+        if self._correction is not None:
+            return None
+        if self.structured or fast_pred_var.on() or fast_pred_samples.on():
+            return self._love_posterior_cached()
+        return None
+
+    def _current_correction(self) -> LowRankCorrection:
+        if self._correction is None:
+            width = self.grid_posterior().root.shape[-1]
+            return LowRankCorrection.empty(width, self.train_targets)
+        return self._correction
+
+    # ------------------------------------------------------------ prediction
+    def forward(self, X: Tensor) -> MultivariateNormal:
+        r"""The SKI prior ``N(0, W K_UU W^T)`` at transformed inputs (for training)."""
+        return MultivariateNormal(self.mean_module(X), self.covar_module(X))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> MultivariateNormal:
+        if self.training or len(args) != 1:
+            return super().__call__(*args, **kwargs)
+        return self.predict_latent(args[0])
+
+    def predict_latent(self, X: Tensor) -> MultivariateNormal:
+        r"""Posterior of the latent function at already-transformed inputs ``X``.
+
+        Sparse products throughout: ``O(t m)`` memory on the exact path, ``O(t k)``
+        under LOVE (a ``RootLinearOperator``), never ``t x 4^d x m``.
+        """
+        weights = self.interpolation.weights(X)
+        love = self.love_grid_posterior()
+        if love is not None:
+            root = weights.matmul(love.root)
+            return MultivariateNormal(weights.dot(love.mean), RootLinearOperator(root))
+        posterior = self.grid_posterior()
+        mean, covar = self._current_correction().predict(posterior, weights)
+        covar = covar.expand(*mean.shape, mean.shape[-1])
+        return MultivariateNormal(mean, DenseLinearOperator(covar))
+
+    def _check_inputs(self, X: Tensor, name: str) -> None:
+        check_tensor(X, name, like=self.train_targets, min_dim=2, last_dim=self.interpolation.dim)
+
+    def posterior(
+        self,
+        X: Tensor,
+        observation_noise: bool | Tensor = False,
+        posterior_transform: Any | None = None,
+        **kwargs: Any,
+    ) -> GPyTorchPosterior:
+        r"""Joint posterior over the ``q`` points of ``batch_shape x q x d`` inputs ``X``.
+
+        Args:
+            X: Inputs in the original (untransformed) space.
+            observation_noise: If True, add the noise variance (the learned one, or the
+                mean fixed noise); if a ``batch_shape x q x 1`` tensor, add it (in the
+                outcome-transformed space).
+            posterior_transform: Optional BoTorch posterior transform.
+
+        Returns:
+            A ``GPyTorchPosterior`` of shape ``broadcast(batch, model.batch) x q x 1``;
+            its covariance is a ``RootLinearOperator`` under the LOVE switches.
+        """
+        self._check_inputs(X, "X")
+        self.eval()
+        X_t = self.transform_inputs(X)
+        self.interpolation.check_inside(X_t, "X")
+        mvn = self.predict_latent(X_t)
+        if isinstance(mvn.lazy_covariance_matrix, RootLinearOperator):
+            return assemble_root_posterior(
+                self, mvn, X_t, observation_noise, lambda: self.noise_variance, posterior_transform
+            )
+        return assemble_posterior(
+            self, mvn, X_t, observation_noise, lambda: self.noise_variance, posterior_transform
+        )
+
+    # -------------------------------------------------------------- updates
+    def observe(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> KissGP:
+        r"""Append observations in place (the caches are rebuilt on the next prediction).
+
+        Not an online update: the next prediction re-reads all data,
+        ``O(n 16^d)``, and refactors, ``O(m^3)`` on dense grids (``O(k(nnz + m k))``
+        for LOVE roots of separable kernels). Use :class:`~streamgp.models.WiskiGP`
+        for ``O(m^2 q)`` updates.
+
+        Args:
+            X: ``q x d`` new inputs (original space).
+            Y: ``q x 1`` new targets (original space).
+            Yvar: ``q x 1`` noise variances; required exactly for fixed-noise models.
+
+        Returns:
+            The model itself. On invalid input, raises and leaves the model unchanged.
+        """
+        self._check_inputs(X, "X")
+        if X.dim() != 2:
+            raise ValueError(f"X must have shape q x d, got {tuple(X.shape)}.")
+        check_targets(check_tensor(Y, "Y", like=self.train_targets, min_dim=2), "Y", len(X))
+        if self.fixed_noise and Yvar is None:
+            raise ValueError("Yvar is required: this model uses fixed noise (train_Yvar).")
+        if not self.fixed_noise and Yvar is not None:
+            raise ValueError("Yvar must be None: this model learns its noise level.")
+        if Yvar is not None:
+            check_tensor(Yvar, "Yvar", like=self.train_targets, min_dim=2)
+            if Yvar.shape != Y.shape:
+                raise ValueError(
+                    f"Yvar must have the shape of Y {tuple(Y.shape)}, got {tuple(Yvar.shape)}."
+                )
+            check_positive(Yvar, "Yvar")
+        if self._conditioning_log and len(self.batch_shape) > 0:
+            raise RuntimeError(
+                "observe is not available on a model conditioned on batched (fantasy) "
+                "observations; observe on the parent model instead."
+            )
+        X_t, Y_t, Yvar_t = transform_new_data(self, X, Y, Yvar)
+        self.interpolation.check_inside(X_t, "X")
+        if len(X) == 0:
+            return self
+        parts = [(self.train_inputs[0], self.train_targets, self.likelihood.noise.detach())]
+        parts += [
+            (X_q.detach(), y_q.detach(), n_q.detach()) for X_q, y_q, n_q in self._conditioning_log
+        ]
+        new_noise = None if Yvar_t is None else Yvar_t.squeeze(-1)
+        parts.append((X_t, Y_t.squeeze(-1), new_noise))
+        X_all = torch.cat([p[0] for p in parts])
+        y_all = torch.cat([p[1] for p in parts])
+        noise_all = torch.cat([p[2] for p in parts]) if self.fixed_noise else None
+        self._correction = None
+        self._conditioning_log = []
+        self._set_data(X_all, y_all, noise_all)
+        return self
+
+    def condition_on_observations(
+        self, X: Tensor, Y: Tensor, noise: Tensor | None = None, **kwargs: Any
+    ) -> KissGP:
+        r"""A new model conditioned on ``(X, Y)``: a rank-``q`` correction of this one.
+
+        The new model shares this model's modules and cached grid posterior (a view,
+        like :meth:`WiskiGP.condition_on_observations`); it is exact (the SKI posterior
+        given all data) and differentiable with respect to ``X``.
+
+        Args:
+            X: ``batch_shape x q x d`` inputs (original space).
+            Y: ``sample_shape x batch_shape x q x 1`` targets (original space).
+            noise: Optional ``batch_shape x q x 1`` noise variances in the
+                outcome-transformed space; default: the model's noise level (mean
+                training noise for fixed noise).
+
+        Returns:
+            A ``KissGP`` with batch shape ``sample_shape + broadcast(batch, model.batch)``.
+        """
+        self._check_inputs(X, "X")
+        check_tensor(Y, "Y", like=self.train_targets, min_dim=2, last_dim=1)
+        if Y.shape[-2] != X.shape[-2]:
+            raise ValueError(f"Y has {Y.shape[-2]} points per batch but X has {X.shape[-2]}.")
+        if noise is not None:
+            check_tensor(noise, "noise", like=self.train_targets, min_dim=2, last_dim=1)
+            check_positive(noise, "noise")
+        X_t, Y_t, _ = transform_new_data(self, X, Y)
+        self.interpolation.check_inside(X_t, "X")
+        posterior = self.grid_posterior()
+        y = Y_t.squeeze(-1)
+        if noise is None:
+            noise_q = self.noise_variance.detach().expand(X.shape[:-1])
+        else:
+            noise_q = noise.squeeze(-1)
+        correction = self._current_correction().condition(
+            posterior, self.interpolation.weights(X_t), y, noise_q
+        )
+        new = self.__class__.__new__(self.__class__)
+        new.__dict__ = {
+            key: value.copy() if isinstance(value, dict) else value
+            for key, value in self.__dict__.items()
+        }
+        new._correction = correction
+        new._conditioning_log = [*self._conditioning_log, (X_t, y, noise_q)]
+        return new
