@@ -105,7 +105,12 @@ from streamgp.models.frozen_transforms import (
     transform_new_data,
 )
 from streamgp.models.wiski import default_grid_size
-from streamgp.utils.validation import check_positive, check_targets, check_tensor
+from streamgp.utils.validation import (
+    check_grid_model_data,
+    check_positive,
+    check_targets,
+    check_tensor,
+)
 
 
 def _invalidate_after_load(module: KissGP, incompatible_keys: Any) -> None:
@@ -207,36 +212,7 @@ class KissGP(GPyTorchModel, ExactGP, FantasizeMixin):
         input_transform: InputTransform | None = None,
         outcome_transform: OutcomeTransform | None = None,
     ) -> None:
-        check_tensor(train_X, "train_X", min_dim=2)
-        if train_X.dim() != 2 or len(train_X) == 0:
-            raise ValueError(
-                f"train_X must have shape n x d with n >= 1 (batched models are not "
-                f"supported), got {tuple(train_X.shape)}."
-            )
-        check_targets(
-            check_tensor(train_Y, "train_Y", like=train_X, min_dim=2), "train_Y", len(train_X)
-        )
-        if train_Yvar is not None:
-            check_tensor(train_Yvar, "train_Yvar", like=train_X, min_dim=2)
-            if train_Yvar.shape != train_Y.shape:
-                raise ValueError(
-                    f"train_Yvar must have the shape of train_Y {tuple(train_Y.shape)}, "
-                    f"got {tuple(train_Yvar.shape)}."
-                )
-            check_positive(train_Yvar, "train_Yvar")
-            if likelihood is not None:
-                raise ValueError(
-                    "likelihood must be None when train_Yvar is given (the fixed-noise "
-                    "likelihood is built from train_Yvar)."
-                )
-        if likelihood is not None and (
-            not isinstance(likelihood, GaussianLikelihood)
-            or isinstance(likelihood, FixedNoiseGaussianLikelihood)
-        ):
-            raise TypeError(
-                "likelihood must be a gpytorch GaussianLikelihood (learned homoskedastic "
-                f"noise); got {type(likelihood).__name__}. Pass train_Yvar for fixed noise."
-            )
+        check_grid_model_data(train_X, train_Y, train_Yvar, likelihood, allow_empty=False)
         if isinstance(covar_module, GridInterpolationKernel):
             raise TypeError(
                 "covar_module must be the base kernel; KissGP wraps it in its own "

@@ -96,7 +96,12 @@ from streamgp.models.frozen_transforms import (
     fit_frozen_transforms,
     transform_new_data,
 )
-from streamgp.utils.validation import check_positive, check_targets, check_tensor
+from streamgp.utils.validation import (
+    check_grid_model_data,
+    check_positive,
+    check_targets,
+    check_tensor,
+)
 
 #: Total grid points aimed at by the default ``grid_size`` (per-dimension size is
 #: ``round(DEFAULT_GRID_POINTS ** (1/d))``, between 4 and 256).
@@ -167,36 +172,7 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         input_transform: InputTransform | None = None,
         outcome_transform: OutcomeTransform | None = None,
     ) -> None:
-        check_tensor(train_X, "train_X", min_dim=2)
-        if train_X.dim() != 2:
-            raise ValueError(
-                f"train_X must have shape n x d (batched models are not supported), "
-                f"got {tuple(train_X.shape)}."
-            )
-        check_targets(
-            check_tensor(train_Y, "train_Y", like=train_X, min_dim=2), "train_Y", len(train_X)
-        )
-        if train_Yvar is not None:
-            check_tensor(train_Yvar, "train_Yvar", like=train_X, min_dim=2)
-            if train_Yvar.shape != train_Y.shape:
-                raise ValueError(
-                    f"train_Yvar must have the shape of train_Y {tuple(train_Y.shape)}, "
-                    f"got {tuple(train_Yvar.shape)}."
-                )
-            check_positive(train_Yvar, "train_Yvar")
-            if likelihood is not None:
-                raise ValueError(
-                    "likelihood must be None when train_Yvar is given (the fixed-noise "
-                    "likelihood is built from train_Yvar)."
-                )
-        if likelihood is not None and (
-            not isinstance(likelihood, GaussianLikelihood)
-            or isinstance(likelihood, FixedNoiseGaussianLikelihood)
-        ):
-            raise TypeError(
-                "likelihood must be a gpytorch GaussianLikelihood (learned homoskedastic "
-                f"noise); got {type(likelihood).__name__}. Pass train_Yvar for fixed noise."
-            )
+        check_grid_model_data(train_X, train_Y, train_Yvar, likelihood)
         super().__init__()
         dim = train_X.shape[-1]
         tkwargs = {"dtype": train_X.dtype, "device": train_X.device}

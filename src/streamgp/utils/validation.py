@@ -8,6 +8,7 @@ never modify their inputs, so callers validate everything before touching state.
 from __future__ import annotations
 
 import torch
+from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
 from torch import Tensor
 
 
@@ -71,3 +72,51 @@ def check_targets(Y: Tensor, name: str, num_points: int, batch_ok: bool = False)
     if not batch_ok and Y.dim() != 2:
         raise ValueError(f"{name} must be 2-dimensional (n x 1), got shape {tuple(Y.shape)}.")
     return Y
+
+
+def check_grid_model_data(
+    train_X: object,
+    train_Y: object,
+    train_Yvar: object | None,
+    likelihood: object | None,
+    *,
+    allow_empty: bool = True,
+) -> None:
+    r"""Validate the constructor data of a single-output grid (SKI) model.
+
+    ``train_X`` must be ``n x d`` (unbatched), ``train_Y`` ``n x 1``, ``train_Yvar``
+    (fixed noise) of ``train_Y``'s shape and positive, in which case ``likelihood``
+    must be ``None``; otherwise ``likelihood`` must be a learned-noise gpytorch
+    ``GaussianLikelihood`` or ``None``.
+    """
+    check_tensor(train_X, "train_X", min_dim=2)
+    if train_X.dim() != 2 or (not allow_empty and len(train_X) == 0):
+        at_least = "" if allow_empty else " with n >= 1"
+        raise ValueError(
+            f"train_X must have shape n x d{at_least} (batched models are not supported), "
+            f"got {tuple(train_X.shape)}."
+        )
+    check_targets(
+        check_tensor(train_Y, "train_Y", like=train_X, min_dim=2), "train_Y", len(train_X)
+    )
+    if train_Yvar is not None:
+        check_tensor(train_Yvar, "train_Yvar", like=train_X, min_dim=2)
+        if train_Yvar.shape != train_Y.shape:
+            raise ValueError(
+                f"train_Yvar must have the shape of train_Y {tuple(train_Y.shape)}, "
+                f"got {tuple(train_Yvar.shape)}."
+            )
+        check_positive(train_Yvar, "train_Yvar")
+        if likelihood is not None:
+            raise ValueError(
+                "likelihood must be None when train_Yvar is given (the fixed-noise "
+                "likelihood is built from train_Yvar)."
+            )
+    if likelihood is not None and (
+        not isinstance(likelihood, GaussianLikelihood)
+        or isinstance(likelihood, FixedNoiseGaussianLikelihood)
+    ):
+        raise TypeError(
+            "likelihood must be a gpytorch GaussianLikelihood (learned homoskedastic "
+            f"noise); got {type(likelihood).__name__}. Pass train_Yvar for fixed noise."
+        )
