@@ -2,6 +2,7 @@
 
 import copy
 import math
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -16,6 +17,7 @@ from streamgp.datasets import (
     synthetic_classification,
     synthetic_regression,
 )
+from streamgp.inducing import OnlineInducingPointSelector
 from streamgp.loops.stream import (
     StreamConfig,
     StreamingLoop,
@@ -28,6 +30,7 @@ from streamgp.loops.stream import (
     summarize_stream,
 )
 from streamgp.mlls import WoodburyMarginalLogLikelihood
+from streamgp.models import DecoupledSVGP
 
 FAST = StreamConfig(pretrain_steps=15, num_inducing=16, grid_size=10)
 
@@ -144,7 +147,7 @@ def test_streaming_loss_is_the_mll_after_absorbing_with_old_weights_frozen():
 
 
 # ---------------------------------------------------------------- the loop
-@pytest.mark.parametrize("model", ["wiski", "exact", "osvgp", "osgpr", "local"])
+@pytest.mark.parametrize("model", ["wiski", "exact", "osvgp", "osgpr", "svdgp", "local"])
 def test_protocol_end_to_end_on_synthetic_regression(model):
     split = _regression_split()
     loop = StreamingLoop(split, model, config=FAST, num_evals=3, max_stream=30)
@@ -159,6 +162,74 @@ def test_protocol_end_to_end_on_synthetic_regression(model):
     # A smooth function with little noise: every model beats the constant predictor.
     assert evaluated["test_rmse"].iloc[-1] < 0.8
     assert (history.loc[1:, "update_time"] > 0).all() and history.loc[0, "fit_time"] > 0
+
+
+def test_svdgp_grows_its_bases_and_takes_one_step_per_arrival():
+    split = _regression_split()
+    config = replace(FAST, svdgp_mean_basis=30, svdgp_covar_basis=8, svdgp_minibatch=16)
+    loop = StreamingLoop(split, "svdgp", config=config, num_evals=2, max_stream=20)
+    loop.run(1)  # pretraining and the first arrival
+    model = loop.learner.model
+    assert isinstance(model, DecoupledSVGP) and model.lr_decay == 0
+    # Pretraining: the covariance basis is full, the mean basis holds all the points.
+    assert 8 < split.num_pretrain < 30 and len(model.covar_basis) == 8
+    assert model.num_optimizer_steps == FAST.pretrain_steps + 1
+    assert model.num_observed == split.num_pretrain + 1
+    assert len(model.mean_basis) == split.num_pretrain + 1
+    # Algorithm 1: the arrival joined the mean basis (the cap on M_beta is reached).
+    torch.testing.assert_close(model.mean_basis[-1], split.online_X[0])
+    assert model.mean_weights.shape == (split.num_pretrain + 1,)
+    assert model.optimizer_kwargs["lr"] == FAST.lr
+    assert model.minibatch_size == model.kl_columns == 16  # the paper's estimator
+    exact_kl = StreamingLoop(split, "svdgp", config=replace(config, svdgp_kl_columns=30))
+    exact_kl.run(0)
+    assert exact_kl.learner.model.kl_columns == 30
+    history = loop.run()
+    assert len(history) == 21
+    assert model.num_optimizer_steps == FAST.pretrain_steps + 20
+    assert len(model.mean_basis) == 30 and len(model.covar_basis) == 8  # capped
+    # The last arrival that fitted under the cap is the mean basis's last point.
+    torch.testing.assert_close(model.mean_basis[-1], split.online_X[30 - split.num_pretrain - 1])
+    final = history.dropna(subset=["test_rmse"]).iloc[-1]
+    assert final["test_rmse"] < 0.8
+
+
+def test_svdgp_checkpoint_resume_matches_an_uninterrupted_run(tmp_path):
+    # The model's own generator (minibatches, reservoir) is part of the checkpoint.
+    split = _regression_split()
+    config = replace(FAST, svdgp_mean_basis=30, svdgp_covar_basis=8, svdgp_minibatch=16)
+    kwargs = {"config": config, "num_evals": 2, "max_stream": 10}
+    full = StreamingLoop(split, "svdgp", **kwargs).run()
+    StreamingLoop(split, "svdgp", **kwargs).run(4, checkpoint=tmp_path / "svdgp.pt")
+    rest = StreamingLoop(split, "svdgp", **kwargs).load(tmp_path / "svdgp.pt").run()
+    columns = ["num_observations", "test_rmse", "test_nll"]
+    pd.testing.assert_frame_equal(rest[columns], full[columns])
+    other = StreamingLoop(split, "svdgp", **kwargs, seed=1).run()
+    assert not other["test_rmse"].dropna().equals(full["test_rmse"].dropna())
+
+
+@pytest.mark.parametrize("model", ["osvgp", "osgpr"])
+def test_oips_chooses_the_inducing_points_of_osvgp_and_osgpr(model):
+    split = _regression_split()
+    config = replace(FAST, inducing="oips", oips_rho=0.6, num_inducing=40)
+    loop = StreamingLoop(split, model, config=config, num_evals=1, max_stream=30)
+    history = loop.run()
+    learned = loop.learner.model
+    selector = learned.inducing_selector
+    assert isinstance(selector, OnlineInducingPointSelector)
+    assert selector.kernel is learned.covar_module  # follows the learned kernel
+    Z = learned.inducing_points.detach()
+    torch.testing.assert_close(Z, selector.inducing_points)
+    # Every inducing point is a distinct input seen so far; OIPS keeps a diverse subset
+    # (at the kernel of the time each was accepted, so no check under the final kernel).
+    seen = torch.cat([split.pretrain_X, split.online_X[:30]])
+    assert (torch.cdist(Z, seen).min(-1).values < 1e-12).all()
+    distances = torch.cdist(Z, Z) + torch.eye(len(Z), dtype=Z.dtype)
+    assert 1 < len(Z) < 40 and distances.min() > 0
+    assert history["test_rmse"].dropna().iloc[-1] < 0.8
+    default = StreamingLoop(split, model, config=FAST, num_evals=1, max_stream=2)
+    default.run()
+    assert default.learner.model.inducing_selector is None
 
 
 def test_wiski_tracks_the_exact_gp_and_exact_max_caps_the_exact_run():
@@ -212,6 +283,14 @@ def test_loop_rejects_bad_arguments():
         StreamConfig(projection="maybe")
     with pytest.raises(ValueError, match="pretrain_steps must be a non-negative int"):
         StreamConfig(pretrain_steps=-1)
+    with pytest.raises(ValueError, match="inducing must be 'default' or 'oips'"):
+        StreamConfig(inducing="kmeans")
+    with pytest.raises(ValueError, match="oips_rho must be in"):
+        StreamConfig(oips_rho=1.0)
+    with pytest.raises(ValueError, match="svdgp_covar_basis must be a positive int"):
+        StreamConfig(svdgp_covar_basis=0)
+    with pytest.raises(ValueError, match="svdgp_kl_columns must be a positive int or None"):
+        StreamConfig(svdgp_kl_columns=0)
 
 
 def test_experiment_writes_curves_plot_and_summary(tmp_path):

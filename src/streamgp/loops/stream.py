@@ -35,6 +35,17 @@ Models (:data:`STREAM_MODELS`):
 - ``osvgp``: :class:`~streamgp.models.OnlineSVGP` (``beta = 1e-3``, one step per batch;
   Bernoulli likelihood for binary classification).
 - ``osgpr``: :class:`~streamgp.models.OnlineSGPR` (one step on its online bound).
+  With ``inducing="oips"`` both ``osvgp`` and ``osgpr`` take their inducing points from
+  an :class:`~streamgp.inducing.OnlineInducingPointSelector` (OIPS, threshold
+  ``oips_rho``, at most ``num_inducing`` points) on the model's own kernel, instead of
+  their default rules (greedy variance reduction / Bui et al.'s random replacement).
+- ``svdgp``: :class:`~streamgp.models.DecoupledSVGP` (SVDGP, Cheng & Boots 2017): a
+  covariance basis of at most ``svdgp_covar_basis`` points and a mean basis of at most
+  ``svdgp_mean_basis``, both grown from the stream (one new point per one-point batch,
+  the paper's Algorithm 1); pretrained with ``pretrain_steps`` minibatch steps, then
+  one Adam step per arrival on a minibatch of ``svdgp_minibatch`` points (the new batch
+  topped up from the model's bounded reservoir sample of the stream); the KL's mean
+  term from ``svdgp_kl_columns`` sampled columns (default ``svdgp_minibatch``).
 - ``local``: :class:`~streamgp.models.LocalGP` with ``n_max = num_inducing``; its shared
   hyperparameters are those of an exact GP pretrained on the 5% and stay fixed while
   streaming (an optimizer step on the sum of all local marginal likelihoods would cost
@@ -79,13 +90,14 @@ from gpytorch.mlls import ExactMarginalLogLikelihood
 from torch import Tensor
 
 from streamgp.datasets.preprocessing import StreamingSplit
+from streamgp.inducing import OnlineInducingPointSelector
 from streamgp.loops.base import Loop, Stopwatch
 from streamgp.mlls import WoodburyMarginalLogLikelihood
-from streamgp.models import LocalGP, OnlineSGPR, OnlineSVGP, WiskiGP
+from streamgp.models import DecoupledSVGP, LocalGP, OnlineSGPR, OnlineSVGP, WiskiGP
 from streamgp.models.projection import LearnedProjection
 
 #: Models the protocol can run.
-STREAM_MODELS = ("wiski", "exact", "osvgp", "osgpr", "local")
+STREAM_MODELS = ("wiski", "exact", "osvgp", "osgpr", "svdgp", "local")
 #: Rows per joint posterior when predicting the test set (its covariance is
 #: ``chunk x chunk``; only the marginal variances are used).
 PREDICT_CHUNK = 256
@@ -150,6 +162,16 @@ class StreamConfig:
             (the paper's ``m = 256``; capped by the pretraining set size where the model
             picks them from it).
         beta: O-SVGP's KL weight.
+        inducing: Inducing points of O-SVGP and O-SGPR: ``"default"`` (each model's
+            own rule) or ``"oips"`` (an ``OnlineInducingPointSelector`` on the model's
+            kernel, capped at ``num_inducing`` points).
+        oips_rho: OIPS acceptance threshold in ``(0, 1)`` (larger: more points).
+        svdgp_mean_basis: SVDGP's cap ``M_alpha`` on the mean basis.
+        svdgp_covar_basis: SVDGP's cap ``M_beta`` on the covariance basis.
+        svdgp_minibatch: SVDGP's minibatch size ``N_m``.
+        svdgp_kl_columns: SVDGP's sampled columns ``N_c`` of ``K_alpha`` in the KL's mean
+            term (``None``: ``N_m``, the paper's linear-cost estimator; ``>= M_alpha``:
+            the exact term, ``O(M_alpha^2)`` per step).
         exact_max: Cap on the exact GP's observations (``None``: no cap).
         local_w_gen: Local GP similarity threshold for creating a new local model.
         alpha_epsilon: Dirichlet classification ``alpha_epsilon``.
@@ -166,6 +188,12 @@ class StreamConfig:
     grid_margin: float = 0.1
     num_inducing: int = 256
     beta: float = 1e-3
+    inducing: str = "default"
+    oips_rho: float = 0.8
+    svdgp_mean_basis: int = 2048
+    svdgp_covar_basis: int = 128
+    svdgp_minibatch: int = 256
+    svdgp_kl_columns: int | None = None
     exact_max: int | None = None
     local_w_gen: float = 0.5
     alpha_epsilon: float = 0.01
@@ -176,7 +204,15 @@ class StreamConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {value!r}.")
-        for name in ("projection_dim", "grid_size", "num_inducing", "num_samples"):
+        for name in (
+            "projection_dim",
+            "grid_size",
+            "num_inducing",
+            "num_samples",
+            "svdgp_mean_basis",
+            "svdgp_covar_basis",
+            "svdgp_minibatch",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}.")
@@ -186,6 +222,18 @@ class StreamConfig:
                 raise ValueError(f"{name} must be a positive number, got {value!r}.")
         if not isinstance(self.grid_margin, (int, float)) or self.grid_margin < 0:
             raise ValueError(f"grid_margin must be >= 0, got {self.grid_margin!r}.")
+        if self.svdgp_kl_columns is not None and (
+            isinstance(self.svdgp_kl_columns, bool)
+            or not isinstance(self.svdgp_kl_columns, int)
+            or self.svdgp_kl_columns < 1
+        ):
+            raise ValueError(
+                f"svdgp_kl_columns must be a positive int or None, got {self.svdgp_kl_columns!r}."
+            )
+        if self.inducing not in ("default", "oips"):
+            raise ValueError(f"inducing must be 'default' or 'oips', got {self.inducing!r}.")
+        if not isinstance(self.oips_rho, (int, float)) or not 0 < self.oips_rho < 1:
+            raise ValueError(f"oips_rho must be in (0, 1), got {self.oips_rho!r}.")
         if self.projection not in ("auto", "on", "off"):
             raise ValueError(f"projection must be 'auto', 'on' or 'off', got {self.projection!r}.")
         if self.exact_max is not None and (
@@ -203,6 +251,13 @@ def _rbf_ard(dim: int, batch_shape: torch.Size | None = None) -> ScaleKernel:
     return ScaleKernel(
         RBFKernel(ard_num_dims=dim, batch_shape=batch_shape), batch_shape=batch_shape
     )
+
+
+def _oips(config: StreamConfig, kernel) -> OnlineInducingPointSelector | None:
+    # OIPS on the model's own kernel, so acceptance follows the learned lengthscales.
+    if config.inducing != "oips":
+        return None
+    return OnlineInducingPointSelector(kernel, config.oips_rho, max_size=config.num_inducing)
 
 
 def _adam(groups: list[dict[str, Any]], lr: float) -> torch.optim.Adam:
@@ -480,11 +535,14 @@ class OSVGPLearner(OnlineLearner):
     def __init__(self, X: Tensor, Y: Tensor, Yvar: Tensor | None, config: StreamConfig) -> None:
         if Yvar is not None:
             raise ValueError("osvgp: fixed noise variances are not supported.")
+        covar_module = _rbf_ard(X.shape[-1]).to(X)
+        selector = _oips(config, covar_module)
         self.model = OnlineSVGP(
             X,
             Y,
             num_inducing=min(config.num_inducing, len(X)),
-            covar_module=_rbf_ard(X.shape[-1]),
+            covar_module=covar_module,
+            inducing_selector=selector,
             likelihood=BernoulliLikelihood() if self.bernoulli else GaussianLikelihood(),
             beta=config.beta,
             num_steps=1,
@@ -516,17 +574,61 @@ class OSGPRLearner(OnlineLearner):
     def __init__(self, X: Tensor, Y: Tensor, Yvar: Tensor | None, config: StreamConfig) -> None:
         if Yvar is not None:
             raise ValueError("osgpr: fixed noise variances are not supported.")
+        covar_module = _rbf_ard(X.shape[-1]).to(X)
+        selector = _oips(config, covar_module)
         self.model = OnlineSGPR(
             X,
             Y,
-            num_inducing=config.num_inducing,
-            covar_module=_rbf_ard(X.shape[-1]),
+            num_inducing=None if selector is not None else config.num_inducing,
+            covar_module=covar_module,
+            inducing_selector=selector,
             likelihood=GaussianLikelihood(),
             steps_per_batch=config.pretrain_steps,
             lr=config.pretrain_lr,
         )
         self.model.steps_per_batch = 1
         self.model.lr = config.lr
+
+    def step(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> None:
+        self.model.observe(X, Y)
+
+    def predict(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        return _chunked(X, lambda Xc: _marginals(self.model.posterior(Xc, observation_noise=True)))
+
+
+class SVDGPLearner(OnlineLearner):
+    r"""SVDGP (decoupled mean and covariance bases), one minibatch step per batch.
+
+    Built with ``DecoupledSVGP``'s defaults for the initial bases (greedy variance
+    reduction for the covariance basis, which the mean basis extends with further
+    pretraining inputs) and its closed-form warm start of ``(a, L)`` around the
+    ``pretrain_steps`` Adam steps at ``pretrain_lr``. Streaming uses the protocol's
+    constant learning rate ``lr`` (no decay schedule), like the other models.
+    """
+
+    def __init__(self, X: Tensor, Y: Tensor, Yvar: Tensor | None, config: StreamConfig) -> None:
+        if Yvar is not None:
+            raise ValueError("svdgp: fixed noise variances are not supported.")
+        self.model = DecoupledSVGP(
+            X,
+            Y,
+            max_mean_basis=config.svdgp_mean_basis,
+            max_covar_basis=config.svdgp_covar_basis,
+            basis_increment=config.svdgp_minibatch,
+            covar_module=_rbf_ard(X.shape[-1]),
+            likelihood=GaussianLikelihood(),
+            minibatch_size=config.svdgp_minibatch,
+            kl_columns=config.svdgp_kl_columns,
+            num_steps=1,
+            num_init_steps=config.pretrain_steps,
+            lr=config.pretrain_lr,
+            lr_decay=0.0,
+            seed=int(torch.randint(2**31 - 1, ()).item()),
+        )
+        # The online learning rate applies from the next optimizer built (as for O-SVGP:
+        # DecoupledSVGP keeps its Adam state across batches by default).
+        self.model.optimizer_kwargs = {"lr": config.lr}
+        self.model._optimizer = None
 
     def step(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> None:
         self.model.observe(X, Y)
@@ -565,6 +667,7 @@ LEARNERS: dict[str, type[OnlineLearner]] = {
     "exact": ExactLearner,
     "osvgp": OSVGPLearner,
     "osgpr": OSGPRLearner,
+    "svdgp": SVDGPLearner,
     "local": LocalLearner,
 }
 #: Classification variants: Dirichlet targets for wiski/exact, Bernoulli for osvgp.
@@ -846,6 +949,7 @@ __all__ = [
     "OSVGPClassifierLearner",
     "OSVGPLearner",
     "OnlineLearner",
+    "SVDGPLearner",
     "StreamConfig",
     "StreamingLoop",
     "WiskiLearner",
