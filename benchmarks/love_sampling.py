@@ -181,7 +181,9 @@ def main():
     args.out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(args.out / "love_sampling.csv", index=False)
     (args.out / "love_sampling.json").write_text(
-        json.dumps({"machine": machine_info(), "summary": summary, "rows": rows}, indent=2)
+        json.dumps(
+            {"machine": machine_info(dtype=str(DTYPE)), "summary": summary, "rows": rows}, indent=2
+        )
     )
     print(json.dumps(summary, indent=2))
 

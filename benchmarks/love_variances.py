@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -49,6 +47,7 @@ from gpytorch.mlls import ExactMarginalLogLikelihood
 
 from streamgp import KissGP, WiskiGP
 from streamgp.datasets import load_streaming_split
+from streamgp.utils.machine import machine_info
 
 DATASETS = ["skillcraft", "elevators", "protein", "powerplant"]
 DATA_DIR = "/work/shared/data"
@@ -58,21 +57,6 @@ CHUNK = 2500
 
 
 # ------------------------------------------------------------------ shared helpers
-def machine_info() -> dict:
-    """Machine and software facts recorded with every result file."""
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "load_average_at_end": os.getloadavg(),
-        "torch": torch.__version__,
-        "gpytorch": gpytorch.__version__,
-        "dtype": str(DTYPE),
-        "device": "cpu",
-    }
-
-
 def median_time(fn: Callable[[], object], repeats: int) -> tuple[float, object]:
     """Median wall-clock seconds of ``repeats`` calls, and the last result."""
     times, out = [], None
@@ -329,7 +313,9 @@ def main():
     args.out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(args.out / "love_variances.csv", index=False)
     (args.out / "love_variances.json").write_text(
-        json.dumps({"machine": machine_info(), "summary": summary, "rows": rows}, indent=2)
+        json.dumps(
+            {"machine": machine_info(dtype=str(DTYPE)), "summary": summary, "rows": rows}, indent=2
+        )
     )
     print(json.dumps(summary, indent=2))
 

@@ -50,20 +50,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-import botorch
-import gpytorch
 import pandas as pd
 import torch
 
 from streamgp.datasets import load_streaming_split
 from streamgp.loops.stream import StreamConfig, StreamingLoop, summarize_stream
+from streamgp.utils.machine import machine_info
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from online_regression import LEARNING_RATES  # noqa: E402  (Table C.1, one home)
@@ -132,21 +130,6 @@ def equal_time_table(curves: pd.DataFrame, fractions=(0.5, 1.0)) -> pd.DataFrame
                     }
                 )
     return pd.DataFrame(rows)
-
-
-def machine_info() -> dict:
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "gpytorch": gpytorch.__version__,
-        "botorch": botorch.__version__,
-        "device": "cpu",
-        "dtype": "float64",
-    }
 
 
 def main() -> None:
@@ -253,7 +236,7 @@ def _write(args, curves, summaries, sizes, settings, datasets, models, started, 
             "per_dataset_and_model": settings,
         },
         "machine": {
-            **machine_info(),
+            **machine_info(dtype="float64"),
             "date_utc_start": started,
             "date_utc_end": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "load_average_before": load_before,

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -30,6 +28,7 @@ from botorch.models import SingleTaskGP
 from gpytorch.kernels import GridInterpolationKernel, RBFKernel
 
 from streamgp import WiskiGP
+from streamgp.utils.machine import machine_info
 
 D, GRID, Q, T = 3, 10, 3, 16
 LENGTHSCALE, NOISE = 0.3, 0.01
@@ -125,15 +124,7 @@ def main():
         summary["gpytorch_ski_over_wiski_n4000"] = (
             med[("gpytorch_ski", 4000)] / med[("wiski", 10_000)]
         )
-    machine = {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "load_average_at_end": os.getloadavg(),
-        "torch": torch.__version__,
-        "device": args.device,
-    }
+    machine = machine_info(args.device)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = (
         "update_scaling"

@@ -1,0 +1,47 @@
+r"""Where a result was measured: the facts every benchmark and experiment file records.
+
+Timings on shared machines are only comparable when the machine, the thread count
+and the load are known, so every results file carries :func:`machine_info`.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from typing import Any
+
+import botorch
+import gpytorch
+import torch
+
+
+def machine_info(device: str | torch.device = "cpu", **extra: Any) -> dict[str, Any]:
+    r"""Platform, CPU count, torch threads, load average and library versions.
+
+    Args:
+        device: The device the measurement ran on (its name is recorded; for CUDA
+            also the GPU model).
+        extra: Further entries (e.g. ``dtype``), added as given.
+
+    Example:
+        >>> info = machine_info(dtype="float64")
+        >>> sorted(info)[:3]
+        ['botorch', 'cpu_count', 'device']
+    """
+    device = torch.device(device)
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "load_average": os.getloadavg(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "gpytorch": gpytorch.__version__,
+        "botorch": botorch.__version__,
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    info.update(extra)
+    return info
