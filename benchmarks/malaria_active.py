@@ -38,6 +38,13 @@ def main() -> None:
     parser.add_argument("--candidates", type=int, default=256)
     parser.add_argument("--num-mc-points", type=int, default=128)
     parser.add_argument("--fit-every", type=int, default=10)
+    parser.add_argument(
+        "--pool-batch-size",
+        type=int,
+        default=AcquisitionOptions.pool_batch_size,
+        help="pool candidates scored jointly (the exact GP's fantasies need O(batch n^2) memory)",
+    )
+    parser.add_argument("--resume", action="store_true", help="continue from checkpoints in --out")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quick", action="store_true", help="5 steps (smoke test)")
@@ -63,7 +70,8 @@ def main() -> None:
         candidates_per_step=args.candidates,
         fit_every=args.fit_every,
         kernel_factory=malaria_kernel,
-        acquisition_options=AcquisitionOptions(),
+        acquisition_options=AcquisitionOptions(pool_batch_size=args.pool_batch_size),
+        resume=args.resume,
         model_options={"wiski": {"grid_size": 30}},
         device=args.device,
         out=args.out / "malaria_active_runs",
