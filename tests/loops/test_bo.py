@@ -103,3 +103,26 @@ def test_bad_arguments_name_themselves():
             BayesOptLoop(make_test_function("levy"), device="cuda")
     with pytest.raises(ValueError, match="num_steps"):
         make_loop().run(-1)
+
+
+@pytest.mark.parametrize("acquisition, q", [("qucb", 3), ("qei", 2), ("qnipv", 2)])
+def test_wiski_loop_runs_under_the_love_switches(monkeypatch, acquisition, q):
+    import gpytorch
+
+    import streamgp.models.wiski as wiski_module
+
+    calls = []
+    original = wiski_module.lanczos_root
+
+    def counting_lanczos_root(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(wiski_module, "lanczos_root", counting_lanczos_root)
+    loop = make_loop("wiski", acquisition, q)
+    with gpytorch.settings.fast_pred_var(), gpytorch.settings.fast_pred_samples():
+        history = loop.run(2)
+    assert list(history["num_observations"]) == [5, 5 + q, 5 + 2 * q]
+    # LOVE roots were built (and rebuilt after each observe), not the dense posterior only.
+    assert len(calls) >= 2
+    assert history["best_value"].notna().all()
