@@ -98,15 +98,31 @@ def assemble_posterior(
     or the given ``batch x q x 1`` tensor, in the outcome-transformed space), then
     untransforms with ``model``'s outcome transform and applies ``posterior_transform``.
     """
-    if observation_noise is not False:
-        if isinstance(observation_noise, Tensor):
-            noise = observation_noise.squeeze(-1)
-        else:
-            noise = noise_variance()
-        covar = mvn.covariance_matrix + torch.diag_embed(noise.expand(mvn.mean.shape))
+    noise = _observation_noise(observation_noise, noise_variance, mvn.mean.shape)
+    if noise is not None:
+        covar = mvn.covariance_matrix + torch.diag_embed(noise)
         mvn = MultivariateNormal(mvn.mean, DenseLinearOperator(covar))
+    return _untransform(mvn, X_t, getattr(model, "outcome_transform", None), posterior_transform)
+
+
+def _observation_noise(
+    observation_noise: bool | Tensor, noise_variance: Callable[[], Tensor], shape: torch.Size
+) -> Tensor | None:
+    """The noise variances to add at the ``shape`` test points, or ``None`` for none."""
+    if isinstance(observation_noise, Tensor):
+        return observation_noise.squeeze(-1).expand(shape)
+    if observation_noise:
+        return noise_variance().expand(shape)
+    return None
+
+
+def _untransform(
+    mvn: MultivariateNormal,
+    X_t: Tensor,
+    outcome_tf: OutcomeTransform | None,
+    posterior_transform: Any | None,
+) -> GPyTorchPosterior:
     posterior = GPyTorchPosterior(distribution=mvn)
-    outcome_tf = getattr(model, "outcome_transform", None)
     if outcome_tf is not None:
         posterior = outcome_tf.untransform_posterior(posterior, X=X_t)
     if posterior_transform is not None:
@@ -130,11 +146,7 @@ def assemble_root_posterior(
     untransform would wrap the root in a product operator and lose that structure.
     """
     mean, root = mvn.mean, mvn.lazy_covariance_matrix.root.to_dense()
-    noise = None
-    if isinstance(observation_noise, Tensor):
-        noise = observation_noise.squeeze(-1).expand(mean.shape)
-    elif observation_noise:
-        noise = noise_variance().expand(mean.shape)
+    noise = _observation_noise(observation_noise, noise_variance, mean.shape)
     outcome_tf = getattr(model, "outcome_transform", None)
     if type(outcome_tf) is Standardize:
         scale = outcome_tf.stdvs.reshape(())
@@ -148,9 +160,4 @@ def assemble_root_posterior(
         covar = LowRankRootAddedDiagLinearOperator(
             LowRankRootLinearOperator(root), DiagLinearOperator(noise)
         )
-    posterior = GPyTorchPosterior(distribution=MultivariateNormal(mean, covar))
-    if outcome_tf is not None:
-        posterior = outcome_tf.untransform_posterior(posterior, X=X_t)
-    if posterior_transform is not None:
-        return posterior_transform(posterior=posterior, X=X_t)
-    return posterior
+    return _untransform(MultivariateNormal(mean, covar), X_t, outcome_tf, posterior_transform)
