@@ -5,7 +5,7 @@ A simulator answers queries at the locations of a candidate pool with their valu
 measures the model. Each step chooses ``q`` pool points with an acquisition:
 
 - ``"qnipv"``: BoTorch's ``qNegIntegratedPosteriorVariance`` with integration
-  points drawn from the test inputs, chosen greedily from the pool (needs
+  points drawn afresh from the test inputs at every step, chosen greedily from the pool (needs
   fantasies: WISKI, exact GPs);
 - ``"maxvar"``: the ``q`` largest posterior variances (for models without fantasies);
 - ``"random"``: uniform without replacement.
