@@ -16,6 +16,7 @@ from streamgp.cli import main
         (["bo", "--acquisition", "ei"], "needs --q 1"),
         (["active", "--acquisitions", "qnipv,ucb"], "unknown acquisition ['ucb']"),
         (["active", "--dataset", "mars"], "unknown dataset 'mars'"),
+        (["active", "--pool-batch-size", "0"], "expected a positive integer, got '0'"),
         (["fly"], "invalid choice: 'fly'"),
     ],
 )
@@ -34,3 +35,12 @@ def test_tiny_bo_run_writes_csv_and_summary(tmp_path, capsys):
     assert set(results["model"]) == {"wiski", "exact"} and results["step"].max() == 2
     assert (tmp_path / "checkpoints").is_dir()
     assert "best_value" in capsys.readouterr().out
+
+
+def test_active_pool_batch_size_reaches_the_acquisition_options():
+    from streamgp.cli import _acquisition_options, build_parser
+
+    args = build_parser().parse_args(["active", "--pool-batch-size", "8"])
+    assert _acquisition_options(args).pool_batch_size == 8
+    bo_args = build_parser().parse_args(["bo"])
+    assert _acquisition_options(bo_args).pool_batch_size == 256

@@ -92,11 +92,17 @@ def _common(parser: argparse.ArgumentParser, default_q: int, default_init: int) 
 
 
 def _acquisition_options(args: argparse.Namespace) -> AcquisitionOptions:
+    pool = (
+        {}
+        if getattr(args, "pool_batch_size", None) is None
+        else {"pool_batch_size": args.pool_batch_size}
+    )
     return AcquisitionOptions(
         num_restarts=args.num_restarts,
         raw_samples=args.raw_samples,
         batch_limit=args.batch_limit,
         maxiter=args.maxiter,
+        **pool,
     )
 
 
@@ -130,6 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     active.add_argument(
         "--candidates", type=_positive_int, default=256, help="pool points scored per step"
+    )
+    active.add_argument(
+        "--pool-batch-size",
+        type=_positive_int,
+        default=AcquisitionOptions.pool_batch_size,
+        help="pool points scored jointly (lower it for exact GPs: their fantasies take "
+        "O(batch n^2) memory)",
     )
     _common(active, default_q=6, default_init=10)
 
