@@ -39,8 +39,9 @@ def test_tiny_bo_run_writes_csv_and_summary(tmp_path, capsys):
 
 def test_active_pool_batch_size_reaches_the_acquisition_options():
     from streamgp.cli import _acquisition_options, build_parser
+    from streamgp.loops import AcquisitionOptions
 
     args = build_parser().parse_args(["active", "--pool-batch-size", "8"])
     assert _acquisition_options(args).pool_batch_size == 8
     bo_args = build_parser().parse_args(["bo"])
-    assert _acquisition_options(bo_args).pool_batch_size == 256
+    assert _acquisition_options(bo_args).pool_batch_size == AcquisitionOptions.pool_batch_size
