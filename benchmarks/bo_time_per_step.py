@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 from pathlib import Path
 
 import torch
 
 from streamgp.loops.experiments import run_bo_experiment
+from streamgp.utils.machine import machine_info
 
 
 def main() -> None:
@@ -77,10 +76,7 @@ def main() -> None:
         "window": window,
         "fit_every": args.fit_every,
         "device": args.device,
-        "machine": f"{platform.machine()} {platform.processor()} ({os.cpu_count()} cores)",
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "load_average_at_end": os.getloadavg(),
+        "machine": machine_info(args.device),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     results.to_csv(args.out / "bo_time_per_step.csv", index=False)

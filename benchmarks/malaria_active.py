@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 from pathlib import Path
 
 import torch
@@ -28,6 +26,7 @@ from streamgp.loops.experiments import (
     run_active_experiment,
     summarize,
 )
+from streamgp.utils.machine import machine_info
 
 
 def main() -> None:
@@ -85,10 +84,7 @@ def main() -> None:
         .to_dict(),
         "setup": {
             **{k: str(v) for k, v in vars(args).items()},
-            "machine": f"{platform.machine()} ({os.cpu_count()} cores)",
-            "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(),
-            "load_average_at_end": os.getloadavg(),
+            "machine": machine_info(args.device),
         },
     }
     summary["initial_rmse"] = {"/".join(k): v for k, v in summary["initial_rmse"].items()}

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -36,6 +34,7 @@ from streamgp.loops.stream import (
     run_stream_experiment,
     summarize_stream,
 )
+from streamgp.utils.machine import machine_info
 
 DATASETS = ("banana", "svmguide1")
 
@@ -89,12 +88,7 @@ def main() -> None:
                 "num_evals": args.num_evals,
                 "config": asdict(config),
             },
-            "machine": {
-                "platform": platform.platform(),
-                "cpu_count": os.cpu_count(),
-                "torch_threads": torch.get_num_threads(),
-                "torch": torch.__version__,
-            },
+            "machine": machine_info(),
             "results": pd.concat(summaries).to_dict(orient="records"),
         }
         (args.out / "online_classification.json").write_text(json.dumps(payload, indent=2) + "\n")

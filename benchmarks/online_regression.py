@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -44,6 +42,7 @@ from streamgp.loops.stream import (
     run_stream_experiment,
     summarize_stream,
 )
+from streamgp.utils.machine import machine_info
 
 #: Table C.1 learning rates: (pretraining, online).
 LEARNING_RATES = {
@@ -126,14 +125,7 @@ def _write(args, frames, summaries, settings, models, datasets) -> None:
             "num_evals": args.num_evals,
             "per_dataset": settings,
         },
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-            "device": args.device,
-            "torch": torch.__version__,
-        },
+        "machine": machine_info(args.device),
         "results": summary.to_dict(orient="records"),
     }
     (args.out / "online_regression.json").write_text(json.dumps(payload, indent=2) + "\n")
