@@ -112,13 +112,13 @@ def test_wiski_loop_runs_under_the_love_switches(monkeypatch, acquisition, q):
     import streamgp.models.wiski as wiski_module
 
     calls = []
-    original = wiski_module.lanczos_root
+    original = wiski_module.compress_root
 
-    def counting_lanczos_root(*args, **kwargs):
+    def counting_compress_root(*args, **kwargs):
         calls.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(wiski_module, "lanczos_root", counting_lanczos_root)
+    monkeypatch.setattr(wiski_module, "compress_root", counting_compress_root)
     loop = make_loop("wiski", acquisition, q)
     with gpytorch.settings.fast_pred_var(), gpytorch.settings.fast_pred_samples():
         history = loop.run(2)

@@ -9,7 +9,13 @@ from streamgp.linalg.grid_kernel import (
     is_separable,
     jittered_cholesky,
 )
-from streamgp.linalg.love import LanczosRoot, lanczos, lanczos_root, sample_with_root
+from streamgp.linalg.love import (
+    LanczosRoot,
+    compress_root,
+    lanczos,
+    lanczos_root,
+    sample_with_root,
+)
 from streamgp.linalg.sparse_gp import (
     PseudoObservations,
     SparsePosterior,
@@ -41,6 +47,7 @@ __all__ = [
     "grid_kernel_root",
     "jittered_cholesky",
     "lanczos",
+    "compress_root",
     "lanczos_root",
     "log_marginal_likelihood",
     "sample_with_root",

@@ -14,6 +14,7 @@ This module is the one implementation shared by streamgp's models:
 - :func:`lanczos_root`: a root ``R`` (``m x k``) of a symmetric positive
   semi-definite operator ``M``, with ``k`` chosen adaptively so that the mass of
   ``M`` not captured, ``tr(M - R R^T)``, is at most ``tol * tr(M)``;
+- :func:`compress_root`: the same, for ``M = R R^T`` given an exact root ``R``;
 - :func:`sample_with_root`: joint samples ``mean + R z`` from such a root (the
   section-3.3 sampler; for grid models the root at ``t`` test points is
   ``W_* R``, a sparse product).
@@ -274,6 +275,26 @@ def lanczos_root(
     root = nystrom_root(decomposition)
     residual = (trace - root.square().sum((-2, -1))).clamp_min(0.0)
     return LanczosRoot(root=root, trace=trace, residual_trace=residual)
+
+
+def compress_root(root: Tensor, *, tol: float = DEFAULT_TOLERANCE) -> Tensor:
+    r"""A rank-``k`` root of ``M = R R^T`` for a given (e.g. ``m x m``) root ``R``.
+
+    :func:`lanczos_root` with products ``R (R^T v)`` and the exact trace ``|R|_F^2``,
+    without autograd: the LOVE cache of a model that already holds an exact root.
+
+    Example:
+        >>> R = torch.randn(50, 50, dtype=torch.float64) * 0.5 ** torch.arange(50.0)
+        >>> compress_root(R, tol=1e-12).shape[-1] < 50
+        True
+    """
+    with torch.no_grad():
+        return lanczos_root(
+            lambda v: (root @ (root.mT @ v.unsqueeze(-1))).squeeze(-1),
+            root.square().sum((-2, -1)),
+            root.shape[-2],
+            tol=tol,
+        ).root
 
 
 def sample_with_root(mean: Tensor, root: Tensor, base_samples: Tensor) -> Tensor:

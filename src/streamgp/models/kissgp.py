@@ -95,7 +95,7 @@ from torch import Tensor
 
 from streamgp.interpolation.grid import CubicGridInterpolation
 from streamgp.linalg.grid_kernel import grid_kernel_root, is_separable
-from streamgp.linalg.love import DEFAULT_TOLERANCE, lanczos_root
+from streamgp.linalg.love import DEFAULT_TOLERANCE, compress_root
 from streamgp.linalg.structured import structured_grid_posterior
 from streamgp.linalg.woodbury import GridPosterior, LowRankCorrection, factorize
 from streamgp.models.frozen_transforms import (
@@ -107,8 +107,8 @@ from streamgp.models.frozen_transforms import (
 from streamgp.models.wiski import default_grid_size
 from streamgp.utils.validation import (
     check_grid_model_data,
+    check_new_observations,
     check_positive,
-    check_targets,
     check_tensor,
 )
 
@@ -392,14 +392,7 @@ class KissGP(GPyTorchModel, ExactGP, FantasizeMixin):
                     posterior = structured_grid_posterior(L_K, A, b, tol=tol).posterior
                 else:
                     exact = self.grid_posterior()
-                    R = exact.root
-                    root = lanczos_root(
-                        lambda v: (R @ (R.mT @ v.unsqueeze(-1))).squeeze(-1),
-                        R.square().sum(),
-                        R.shape[-2],
-                        tol=tol,
-                    ).root
-                    posterior = GridPosterior(root, exact.mean)
+                    posterior = GridPosterior(compress_root(exact.root, tol=tol), exact.mean)
             self._posterior_cache = {
                 k: v for k, v in self._posterior_cache.items() if k[0] != "love"
             }
@@ -504,21 +497,14 @@ class KissGP(GPyTorchModel, ExactGP, FantasizeMixin):
         Returns:
             The model itself. On invalid input, raises and leaves the model unchanged.
         """
-        self._check_inputs(X, "X")
-        if X.dim() != 2:
-            raise ValueError(f"X must have shape q x d, got {tuple(X.shape)}.")
-        check_targets(check_tensor(Y, "Y", like=self.train_targets, min_dim=2), "Y", len(X))
-        if self.fixed_noise and Yvar is None:
-            raise ValueError("Yvar is required: this model uses fixed noise (train_Yvar).")
-        if not self.fixed_noise and Yvar is not None:
-            raise ValueError("Yvar must be None: this model learns its noise level.")
-        if Yvar is not None:
-            check_tensor(Yvar, "Yvar", like=self.train_targets, min_dim=2)
-            if Yvar.shape != Y.shape:
-                raise ValueError(
-                    f"Yvar must have the shape of Y {tuple(Y.shape)}, got {tuple(Yvar.shape)}."
-                )
-            check_positive(Yvar, "Yvar")
+        check_new_observations(
+            X,
+            Y,
+            Yvar,
+            like=self.train_targets,
+            dim=self.interpolation.dim,
+            fixed_noise=self.fixed_noise,
+        )
         if self._conditioning_log and len(self.batch_shape) > 0:
             raise RuntimeError(
                 "observe is not available on a model conditioned on batched (fantasy) "

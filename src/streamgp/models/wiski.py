@@ -79,7 +79,7 @@ from torch import Tensor
 
 from streamgp.interpolation.grid import CubicGridInterpolation, InterpolationWeights
 from streamgp.linalg.grid_kernel import grid_kernel_root, is_separable
-from streamgp.linalg.love import DEFAULT_TOLERANCE, lanczos_root
+from streamgp.linalg.love import DEFAULT_TOLERANCE, compress_root
 from streamgp.linalg.structured import (
     structured_grid_posterior,
 )
@@ -98,8 +98,8 @@ from streamgp.models.frozen_transforms import (
 )
 from streamgp.utils.validation import (
     check_grid_model_data,
+    check_new_observations,
     check_positive,
-    check_targets,
     check_tensor,
 )
 
@@ -454,15 +454,8 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
             return None
         cache = self._love_cache
         if cache is None or cache[0] is not posterior or cache[1] != self.love_tolerance:
-            R = posterior.root
-            with torch.no_grad():
-                love = lanczos_root(
-                    lambda v: (R @ (R.mT @ v.unsqueeze(-1))).squeeze(-1),
-                    R.square().sum(),
-                    R.shape[-2],
-                    tol=self.love_tolerance,
-                )
-            cache = (posterior, self.love_tolerance, GridPosterior(love.root, posterior.mean))
+            root = compress_root(posterior.root, tol=self.love_tolerance)
+            cache = (posterior, self.love_tolerance, GridPosterior(root, posterior.mean))
             self._love_cache = cache
         return cache[2]
 
@@ -526,21 +519,9 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         Returns:
             The model itself. On invalid input, raises and leaves the model unchanged.
         """
-        self._check_inputs(X, "X")
-        if X.dim() != 2:
-            raise ValueError(f"X must have shape q x d, got {tuple(X.shape)}.")
-        check_targets(check_tensor(Y, "Y", like=self.stat_b, min_dim=2), "Y", len(X))
-        if self.fixed_noise and Yvar is None:
-            raise ValueError("Yvar is required: this model uses fixed noise (train_Yvar).")
-        if not self.fixed_noise and Yvar is not None:
-            raise ValueError("Yvar must be None: this model learns its noise level.")
-        if Yvar is not None:
-            check_tensor(Yvar, "Yvar", like=self.stat_b, min_dim=2)
-            if Yvar.shape != Y.shape:
-                raise ValueError(
-                    f"Yvar must have the shape of Y {tuple(Y.shape)}, got {tuple(Yvar.shape)}."
-                )
-            check_positive(Yvar, "Yvar")
+        check_new_observations(
+            X, Y, Yvar, like=self.stat_b, dim=self.interpolation.dim, fixed_noise=self.fixed_noise
+        )
         X_t, Y_t, Yvar_t = self._transform_new_data(X, Y, Yvar)
         self.interpolation.check_inside(X_t, "X")
         if len(X) == 0:

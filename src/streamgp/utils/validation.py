@@ -120,3 +120,28 @@ def check_grid_model_data(
             "likelihood must be a gpytorch GaussianLikelihood (learned homoskedastic "
             f"noise); got {type(likelihood).__name__}. Pass train_Yvar for fixed noise."
         )
+
+
+def check_new_observations(
+    X: object, Y: object, Yvar: object | None, *, like: Tensor, dim: int, fixed_noise: bool
+) -> None:
+    r"""Validate an in-place ``observe(X, Y, Yvar)`` batch of a single-output model.
+
+    ``X`` must be ``q x dim``, ``Y`` ``q x 1``; ``Yvar`` is required (of ``Y``'s
+    shape, positive) exactly when the model has fixed noise.
+    """
+    check_tensor(X, "X", like=like, min_dim=2, last_dim=dim)
+    if X.dim() != 2:
+        raise ValueError(f"X must have shape q x d, got {tuple(X.shape)}.")
+    check_targets(check_tensor(Y, "Y", like=like, min_dim=2), "Y", len(X))
+    if fixed_noise and Yvar is None:
+        raise ValueError("Yvar is required: this model uses fixed noise (train_Yvar).")
+    if not fixed_noise and Yvar is not None:
+        raise ValueError("Yvar must be None: this model learns its noise level.")
+    if Yvar is not None:
+        check_tensor(Yvar, "Yvar", like=like, min_dim=2)
+        if Yvar.shape != Y.shape:
+            raise ValueError(
+                f"Yvar must have the shape of Y {tuple(Y.shape)}, got {tuple(Yvar.shape)}."
+            )
+        check_positive(Yvar, "Yvar")
