@@ -549,10 +549,8 @@ class OSVGPLearner(OnlineLearner):
             num_init_steps=config.pretrain_steps,
             lr=config.pretrain_lr,
         )
-        # The online learning rate applies from the next optimizer built (private
-        # attribute: OnlineSVGP keeps its Adam state across batches by default).
+        # The online learning rate (setting it starts a fresh Adam for the stream).
         self.model.optimizer_kwargs = {"lr": config.lr}
-        self.model._optimizer = None
 
     def step(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> None:
         self.model.observe(X, Y)
@@ -625,10 +623,8 @@ class SVDGPLearner(OnlineLearner):
             lr_decay=0.0,
             seed=int(torch.randint(2**31 - 1, ()).item()),
         )
-        # The online learning rate applies from the next optimizer built (as for O-SVGP:
-        # DecoupledSVGP keeps its Adam state across batches by default).
+        # The online learning rate (setting it starts a fresh Adam for the stream).
         self.model.optimizer_kwargs = {"lr": config.lr}
-        self.model._optimizer = None
 
     def step(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> None:
         self.model.observe(X, Y)

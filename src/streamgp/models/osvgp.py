@@ -381,6 +381,16 @@ class OnlineSVGP(Model, FantasizeMixin):
         modules = [self.model, self.likelihood]
         return [p for module in modules for p in module.parameters() if p.requires_grad]
 
+    @property
+    def optimizer_kwargs(self) -> dict[str, Any]:
+        r"""Keyword arguments of ``optimizer_cls``; setting them starts a new optimizer."""
+        return self._optimizer_kwargs
+
+    @optimizer_kwargs.setter
+    def optimizer_kwargs(self, value: dict[str, Any]) -> None:
+        self._optimizer_kwargs = dict(value)
+        self._optimizer = None  # the next step builds one with the new settings
+
     def _get_optimizer(self) -> torch.optim.Optimizer | None:
         params = self._trainable_parameters()
         if not params:
