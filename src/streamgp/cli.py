@@ -92,17 +92,13 @@ def _common(parser: argparse.ArgumentParser, default_q: int, default_init: int) 
 
 
 def _acquisition_options(args: argparse.Namespace) -> AcquisitionOptions:
-    pool = (
-        {}
-        if getattr(args, "pool_batch_size", None) is None
-        else {"pool_batch_size": args.pool_batch_size}
-    )
     return AcquisitionOptions(
         num_restarts=args.num_restarts,
         raw_samples=args.raw_samples,
         batch_limit=args.batch_limit,
         maxiter=args.maxiter,
-        **pool,
+        # Only `streamgp active` scores a pool.
+        pool_batch_size=getattr(args, "pool_batch_size", AcquisitionOptions.pool_batch_size),
     )
 
 
