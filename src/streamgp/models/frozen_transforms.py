@@ -97,7 +97,13 @@ def assemble_posterior(
     Adds observation noise (``noise_variance()`` when ``observation_noise`` is True,
     or the given ``batch x q x 1`` tensor, in the outcome-transformed space), then
     untransforms with ``model``'s outcome transform and applies ``posterior_transform``.
+    A low-rank ``RootLinearOperator`` covariance (LOVE) keeps its structure
+    (:func:`assemble_root_posterior`).
     """
+    if isinstance(mvn.lazy_covariance_matrix, RootLinearOperator):
+        return assemble_root_posterior(
+            model, mvn, X_t, observation_noise, noise_variance, posterior_transform
+        )
     noise = _observation_noise(observation_noise, noise_variance, mvn.mean.shape)
     if noise is not None:
         covar = mvn.covariance_matrix + torch.diag_embed(noise)

@@ -100,7 +100,6 @@ from streamgp.linalg.structured import structured_grid_posterior
 from streamgp.linalg.woodbury import GridPosterior, LowRankCorrection, factorize
 from streamgp.models.frozen_transforms import (
     assemble_posterior,
-    assemble_root_posterior,
     fit_frozen_transforms,
     transform_new_data,
 )
@@ -472,10 +471,6 @@ class KissGP(GPyTorchModel, ExactGP, FantasizeMixin):
         X_t = self.transform_inputs(X)
         self.interpolation.check_inside(X_t, "X")
         mvn = self.predict_latent(X_t)
-        if isinstance(mvn.lazy_covariance_matrix, RootLinearOperator):
-            return assemble_root_posterior(
-                self, mvn, X_t, observation_noise, lambda: self.noise_variance, posterior_transform
-            )
         return assemble_posterior(
             self, mvn, X_t, observation_noise, lambda: self.noise_variance, posterior_transform
         )

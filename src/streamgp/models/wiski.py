@@ -92,7 +92,6 @@ from streamgp.linalg.woodbury import (
 )
 from streamgp.models.frozen_transforms import (
     assemble_posterior,
-    assemble_root_posterior,
     fit_frozen_transforms,
     transform_new_data,
 )
@@ -498,10 +497,6 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         X_t = self.transform_inputs(X)
         self.interpolation.check_inside(X_t, "X")
         mvn = self(X_t)
-        if isinstance(mvn.lazy_covariance_matrix, RootLinearOperator):
-            return assemble_root_posterior(
-                self, mvn, X_t, observation_noise, lambda: self.noise_variance, posterior_transform
-            )
         return assemble_posterior(
             self, mvn, X_t, observation_noise, lambda: self.noise_variance, posterior_transform
         )
