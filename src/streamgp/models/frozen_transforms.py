@@ -1,4 +1,4 @@
-r"""Plumbing shared by the streaming models: frozen transforms, posterior assembly.
+r"""Plumbing shared by the streaming models: frozen transforms, posterior assembly, views.
 
 A streaming model sees its data once. Its transforms are therefore fitted on the data
 given to the constructor and frozen; every later batch (``observe``,
@@ -167,3 +167,18 @@ def assemble_root_posterior(
             LowRankRootLinearOperator(root), DiagLinearOperator(noise)
         )
     return _untransform(MultivariateNormal(mean, covar), X_t, outcome_tf, posterior_transform)
+
+
+def shallow_view(model: torch.nn.Module) -> Any:
+    r"""A new model object sharing ``model``'s tensors and modules (no copies).
+
+    The models replace their state tensors rather than writing into them, so a view
+    (e.g. a conditioned model) is unaffected by later in-place updates of its parent;
+    the instance dictionaries (module and buffer registries, caches) are copied.
+    """
+    new = model.__class__.__new__(model.__class__)
+    new.__dict__ = {
+        key: value.copy() if isinstance(value, dict) else value
+        for key, value in model.__dict__.items()
+    }
+    return new

@@ -101,6 +101,7 @@ from streamgp.linalg.woodbury import GridPosterior, LowRankCorrection, factorize
 from streamgp.models.frozen_transforms import (
     assemble_posterior,
     fit_frozen_transforms,
+    shallow_view,
     transform_new_data,
 )
 from streamgp.models.wiski import default_grid_size
@@ -560,11 +561,7 @@ class KissGP(GPyTorchModel, ExactGP, FantasizeMixin):
         correction = self._current_correction().condition(
             posterior, self.interpolation.weights(X_t), y, noise_q
         )
-        new = self.__class__.__new__(self.__class__)
-        new.__dict__ = {
-            key: value.copy() if isinstance(value, dict) else value
-            for key, value in self.__dict__.items()
-        }
+        new = shallow_view(self)
         new._correction = correction
         new._conditioning_log = [*self._conditioning_log, (X_t, y, noise_q)]
         return new

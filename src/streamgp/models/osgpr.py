@@ -64,7 +64,7 @@ from streamgp.linalg.sparse_gp import (
     streaming_collapsed_bound,
 )
 from streamgp.linalg.woodbury import LowRankCorrection
-from streamgp.models.frozen_transforms import assemble_posterior, transform_new_data
+from streamgp.models.frozen_transforms import assemble_posterior, shallow_view, transform_new_data
 from streamgp.utils.validation import check_positive, check_targets, check_tensor
 
 #: Inducing points used when neither ``inducing_points`` nor ``num_inducing`` is given.
@@ -634,11 +634,7 @@ class OnlineSGPR(GPyTorchModel, GP, FantasizeMixin):
         ``observe`` replaces state tensors rather than writing into them, so a view
         is unaffected by later updates of its parent.
         """
-        new = self.__class__.__new__(self.__class__)
-        new.__dict__ = {
-            key: value.copy() if isinstance(value, dict) else value
-            for key, value in self.__dict__.items()
-        }
+        new = shallow_view(self)
         # Own random stream and selector (a shallow copy is an independent fork), so
         # that ``observe`` on the view never moves the parent's inducing set.
         new._generator = torch.Generator().set_state(self._generator.get_state())

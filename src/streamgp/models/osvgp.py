@@ -75,6 +75,7 @@ from streamgp.linalg.variational import (
 from streamgp.models.frozen_transforms import (
     assemble_posterior,
     fit_frozen_transforms,
+    shallow_view,
     transform_new_data,
 )
 from streamgp.utils.validation import check_positive, check_targets, check_tensor
@@ -680,12 +681,7 @@ class OnlineSVGP(Model, FantasizeMixin):
 
     def _view(self) -> OnlineSVGP:
         r"""A new model object sharing this one's modules and tensors (no copies)."""
-        new = self.__class__.__new__(self.__class__)
-        new.__dict__ = {
-            key: value.copy() if isinstance(value, dict) else value
-            for key, value in self.__dict__.items()
-        }
-        return new
+        return shallow_view(self)
 
 
 def _check_likelihood(likelihood: object) -> None:

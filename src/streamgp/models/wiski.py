@@ -93,6 +93,7 @@ from streamgp.linalg.woodbury import (
 from streamgp.models.frozen_transforms import (
     assemble_posterior,
     fit_frozen_transforms,
+    shallow_view,
     transform_new_data,
 )
 from streamgp.utils.validation import (
@@ -595,9 +596,4 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         its parent with extra data. Changing hyperparameters on either model makes
         that model rebuild its own factors from its own statistics.
         """
-        new = self.__class__.__new__(self.__class__)
-        new.__dict__ = {
-            key: value.copy() if isinstance(value, dict) else value
-            for key, value in self.__dict__.items()
-        }
-        return new
+        return shallow_view(self)
