@@ -106,9 +106,9 @@ from streamgp.models.frozen_transforms import (
 )
 from streamgp.models.wiski import default_grid_size
 from streamgp.utils.validation import (
+    check_conditioning_data,
     check_grid_model_data,
     check_new_observations,
-    check_positive,
     check_tensor,
 )
 
@@ -543,13 +543,7 @@ class KissGP(GPyTorchModel, ExactGP, FantasizeMixin):
         Returns:
             A ``KissGP`` with batch shape ``sample_shape + broadcast(batch, model.batch)``.
         """
-        self._check_inputs(X, "X")
-        check_tensor(Y, "Y", like=self.train_targets, min_dim=2, last_dim=1)
-        if Y.shape[-2] != X.shape[-2]:
-            raise ValueError(f"Y has {Y.shape[-2]} points per batch but X has {X.shape[-2]}.")
-        if noise is not None:
-            check_tensor(noise, "noise", like=self.train_targets, min_dim=2, last_dim=1)
-            check_positive(noise, "noise")
+        check_conditioning_data(X, Y, noise, like=self.train_targets, dim=self.interpolation.dim)
         X_t, Y_t, _ = transform_new_data(self, X, Y)
         self.interpolation.check_inside(X_t, "X")
         posterior = self.grid_posterior()

@@ -145,3 +145,20 @@ def check_new_observations(
                 f"Yvar must have the shape of Y {tuple(Y.shape)}, got {tuple(Yvar.shape)}."
             )
         check_positive(Yvar, "Yvar")
+
+
+def check_conditioning_data(
+    X: object, Y: object, noise: object | None, *, like: Tensor, dim: int
+) -> None:
+    r"""Validate ``condition_on_observations(X, Y, noise)`` of a single-output model.
+
+    ``X`` is ``batch x q x dim``, ``Y`` ``sample x batch x q x 1`` with the same ``q``,
+    ``noise`` (optional) ``batch x q x 1`` and positive.
+    """
+    check_tensor(X, "X", like=like, min_dim=2, last_dim=dim)
+    check_tensor(Y, "Y", like=like, min_dim=2, last_dim=1)
+    if Y.shape[-2] != X.shape[-2]:
+        raise ValueError(f"Y has {Y.shape[-2]} points per batch but X has {X.shape[-2]}.")
+    if noise is not None:
+        check_tensor(noise, "noise", like=like, min_dim=2, last_dim=1)
+        check_positive(noise, "noise")
