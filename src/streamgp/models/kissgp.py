@@ -104,7 +104,7 @@ from streamgp.models.frozen_transforms import (
     shallow_view,
     transform_new_data,
 )
-from streamgp.models.wiski import default_grid_size
+from streamgp.models.wiski import build_grid
 from streamgp.utils.validation import (
     check_conditioning_data,
     check_grid_model_data,
@@ -230,26 +230,13 @@ class KissGP(GPyTorchModel, ExactGP, FantasizeMixin):
             self, train_X, train_Y, input_transform, outcome_transform, train_Yvar
         )
 
-        if grid_bounds is None:
-            grid_bounds = torch.stack([torch.zeros(dim), torch.ones(dim)]).to(**tkwargs)
-        else:
-            check_tensor(grid_bounds, "grid_bounds", like=train_X, min_dim=2, last_dim=dim)
-        self.interpolation = CubicGridInterpolation(
-            grid_bounds, default_grid_size(dim) if grid_size is None else grid_size
-        )
-        self.interpolation.check_inside(transformed_X, "train_X")
         if covar_module is None:
             covar_module = get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
+        self.interpolation, self.structured = build_grid(
+            train_X, transformed_X, grid_bounds, grid_size, covar_module, self.MAX_DENSE_GRID
+        )
         self.mean_module = ZeroMean()
         self.covar_module = SKIKernel(covar_module, self.interpolation).to(**tkwargs)
-        m = self.interpolation.num_grid
-        self.structured = m > self.MAX_DENSE_GRID
-        if self.structured and not is_separable(covar_module):
-            raise ValueError(
-                f"A grid of {m} > MAX_DENSE_GRID = {self.MAX_DENSE_GRID} points needs a "
-                "Kronecker-structured kernel (RBF or ScaleKernel(RBF)); got "
-                f"{type(covar_module).__name__}. Use a coarser grid_size."
-            )
         self._set_data(transformed_X, train_Y.squeeze(-1), train_Yvar)
         self.register_load_state_dict_post_hook(_invalidate_after_load)
         self._correction: LowRankCorrection | None = None

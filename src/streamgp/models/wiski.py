@@ -113,6 +113,43 @@ def default_grid_size(dim: int) -> int:
     return int(min(256, max(4, math.floor(DEFAULT_GRID_POINTS ** (1.0 / dim) + 1e-9))))
 
 
+def build_grid(
+    train_X: Tensor,
+    transformed_X: Tensor,
+    grid_bounds: Tensor | None,
+    grid_size: int | Sequence[int] | None,
+    covar_module: Kernel,
+    max_dense_grid: int,
+) -> tuple[CubicGridInterpolation, bool]:
+    r"""The fixed grid of an SKI model and whether it is too large for a dense root.
+
+    ``grid_bounds`` defaults to the unit cube; the transformed training inputs must lie
+    inside it. Grids above ``max_dense_grid`` points need a Kronecker-structured kernel.
+
+    Returns:
+        The grid interpolation and ``structured`` (``m > max_dense_grid``).
+    """
+    dim = train_X.shape[-1]
+    tkwargs = {"dtype": train_X.dtype, "device": train_X.device}
+    if grid_bounds is None:
+        grid_bounds = torch.stack([torch.zeros(dim), torch.ones(dim)]).to(**tkwargs)
+    else:
+        check_tensor(grid_bounds, "grid_bounds", like=train_X, min_dim=2, last_dim=dim)
+    interpolation = CubicGridInterpolation(
+        grid_bounds, default_grid_size(dim) if grid_size is None else grid_size
+    )
+    interpolation.check_inside(transformed_X, "train_X")
+    m = interpolation.num_grid
+    structured = m > max_dense_grid
+    if structured and not is_separable(covar_module):
+        raise ValueError(
+            f"A grid of {m} > MAX_DENSE_GRID = {max_dense_grid} points needs a "
+            "Kronecker-structured kernel (RBF or ScaleKernel(RBF)); got "
+            f"{type(covar_module).__name__}. Use a coarser grid_size."
+        )
+    return interpolation, structured
+
+
 def _invalidate_after_load(module: WiskiGP, incompatible_keys: Any) -> None:
     module._invalidate()
 
@@ -182,17 +219,11 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
             self, train_X, train_Y, input_transform, outcome_transform, train_Yvar
         )
 
-        if grid_bounds is None:
-            grid_bounds = torch.stack([torch.zeros(dim), torch.ones(dim)]).to(**tkwargs)
-        else:
-            check_tensor(grid_bounds, "grid_bounds", like=train_X, min_dim=2, last_dim=dim)
-        self.interpolation = CubicGridInterpolation(
-            grid_bounds, default_grid_size(dim) if grid_size is None else grid_size
-        )
-        self.interpolation.check_inside(transformed_X, "train_X")
-
         if covar_module is None:
             covar_module = get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
+        self.interpolation, self.structured = build_grid(
+            train_X, transformed_X, grid_bounds, grid_size, covar_module, self.MAX_DENSE_GRID
+        )
         self.covar_module = covar_module.to(**tkwargs)
         self.fixed_noise = train_Yvar is not None
         if self.fixed_noise:
@@ -206,13 +237,6 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
             ).to(**tkwargs)
 
         m = self.interpolation.num_grid
-        self.structured = m > self.MAX_DENSE_GRID
-        if self.structured and not is_separable(self.covar_module):
-            raise ValueError(
-                f"A grid of {m} > MAX_DENSE_GRID = {self.MAX_DENSE_GRID} points needs a "
-                "Kronecker-structured kernel (RBF or ScaleKernel(RBF)); got "
-                f"{type(self.covar_module).__name__}. Use a coarser grid_size."
-            )
         empty_A = (
             torch.sparse_coo_tensor(
                 torch.zeros(2, 0, dtype=torch.long), [], (m, m), check_invariants=False, **tkwargs
