@@ -7,6 +7,7 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 import torch
+from botorch.models import SingleTaskGP
 from helpers_datasets import SHARED_DATA
 from scipy.stats import norm
 
@@ -19,6 +20,7 @@ from streamgp.datasets import (
 )
 from streamgp.inducing import OnlineInducingPointSelector
 from streamgp.loops.stream import (
+    ProjectedExactLearner,
     StreamConfig,
     StreamingLoop,
     WiskiLearner,
@@ -30,7 +32,7 @@ from streamgp.loops.stream import (
     summarize_stream,
 )
 from streamgp.mlls import WoodburyMarginalLogLikelihood
-from streamgp.models import DecoupledSVGP
+from streamgp.models import DecoupledSVGP, ProjectedKernel
 
 FAST = StreamConfig(pretrain_steps=15, num_inducing=16, grid_size=10)
 
@@ -146,8 +148,43 @@ def test_streaming_loss_is_the_mll_after_absorbing_with_old_weights_frozen():
     assert learner.projection.linear.weight.grad.abs().sum() > 0
 
 
+def test_exact_projected_is_an_exact_gp_on_recomputed_projected_features():
+    split = _regression_split(200, d=5)
+    config = StreamConfig(pretrain_steps=5, lr=0.05)
+    learner = ProjectedExactLearner(split.pretrain_X, split.pretrain_Y, None, config)
+    projection = learner.covar_module.projection
+    assert not projection.training  # calibrated running statistics from here on
+    running = projection.batch_norm.running_mean.clone()
+    old_phi = [p.detach().clone() for p in projection.parameters()]
+    X, Y = split.online_X[:3], split.online_Y[:3]
+    learner.step(X, Y)
+    assert torch.equal(projection.batch_norm.running_mean, running)
+    assert any(not torch.equal(a, b) for a, b in zip(old_phi, projection.parameters(), strict=True))
+    # Oracle: an exact GP on the features of *all* points under the current projection.
+    with torch.no_grad():
+        features = projection(torch.cat([split.pretrain_X, X]))
+        oracle = SingleTaskGP(
+            features,
+            torch.cat([split.pretrain_Y, Y]),
+            covar_module=learner.covar_module.base_kernel,
+            mean_module=learner.mean_module,
+            likelihood=learner.likelihood,
+            outcome_transform=None,
+        ).eval()
+        posterior = oracle.posterior(projection(split.test_X[:20]), observation_noise=True)
+    mean, variance = learner.predict(split.test_X[:20])
+    torch.testing.assert_close(mean, posterior.mean)
+    torch.testing.assert_close(variance, posterior.variance)
+    # Without a projection (d <= 3, as WISKI) it is the plain exact GP.
+    low = _regression_split(100, d=2)
+    plain = ProjectedExactLearner(low.pretrain_X, low.pretrain_Y, None, config)
+    assert not isinstance(plain.covar_module, ProjectedKernel)
+
+
 # ---------------------------------------------------------------- the loop
-@pytest.mark.parametrize("model", ["wiski", "exact", "osvgp", "osgpr", "svdgp", "local"])
+@pytest.mark.parametrize(
+    "model", ["wiski", "exact", "exact-projected", "osvgp", "osgpr", "svdgp", "local"]
+)
 def test_protocol_end_to_end_on_synthetic_regression(model):
     split = _regression_split()
     loop = StreamingLoop(split, model, config=FAST, num_evals=3, max_stream=30)
@@ -236,10 +273,12 @@ def test_wiski_tracks_the_exact_gp_and_exact_max_caps_the_exact_run():
     split = _regression_split(400)
     config = StreamConfig(pretrain_steps=40, grid_size=16, exact_max=60)
     finals = {}
-    for model in ("wiski", "exact"):
+    for model in ("wiski", "exact", "exact-projected"):
         loop = StreamingLoop(split, model, config=config, num_evals=1, max_stream=100)
         finals[model] = loop.run().dropna(subset=["test_rmse"]).iloc[-1]
-    assert finals["exact"]["num_observations"] == 60
+    assert (
+        finals["exact"]["num_observations"] == finals["exact-projected"]["num_observations"] == 60
+    )
     assert finals["wiski"]["num_observations"] == split.num_pretrain + 100
     assert finals["wiski"]["test_rmse"] < 1.25 * finals["exact"]["test_rmse"]
 
@@ -260,7 +299,7 @@ def test_batches_and_checkpoint_resume_match_an_uninterrupted_run(tmp_path):
         other.load(tmp_path / "run.pt")
 
 
-@pytest.mark.parametrize("model", ["wiski", "exact", "osvgp"])
+@pytest.mark.parametrize("model", ["wiski", "exact", "exact-projected", "osvgp"])
 def test_classification_protocol(model):
     split = make_streaming_split(synthetic_classification(300, seed=2), seed=0)
     loop = StreamingLoop(split, model, config=FAST, num_evals=1, max_stream=40)
@@ -328,12 +367,14 @@ def test_protocol_on_powerplant_with_a_small_cap(shared_data):
     split = load_streaming_split("powerplant", seed=0, data_dir=shared_data)
     assert split.num_features == 4  # > 3: WISKI learns a projection
     config = StreamConfig(pretrain_steps=20, exact_max=500)
-    for model in ("wiski", "exact"):
+    for model in ("wiski", "exact", "exact-projected"):
         loop = StreamingLoop(split, model, config=config, num_evals=1, max_stream=20)
         final = loop.run().dropna(subset=["test_rmse"]).iloc[-1]
         assert final["test_rmse"] < 0.5  # standardized units: powerplant is easy
         if model == "wiski":
             assert loop.learner.projection is not None
+        if model == "exact-projected":
+            assert isinstance(loop.learner.covar_module, ProjectedKernel)
 
 
 # ---------------------------------------------------------------- command line

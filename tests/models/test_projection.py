@@ -1,9 +1,10 @@
-"""LearnedProjection: the paper's linear -> batch-norm -> tanh feature map."""
+"""LearnedProjection (the paper's linear -> batch-norm -> tanh map) and ProjectedKernel."""
 
 import pytest
 import torch
+from gpytorch.kernels import RBFKernel, ScaleKernel
 
-from streamgp.models import LearnedProjection
+from streamgp.models import LearnedProjection, ProjectedKernel
 
 
 def _inputs(n=40, d=6):
@@ -56,3 +57,55 @@ def test_gradients_reach_every_parameter():
 def test_bad_arguments_raise_clear_errors(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+# ---------------------------------------------------------------- ProjectedKernel
+def _projected_kernel(batch_shape=None):
+    batch_shape = torch.Size() if batch_shape is None else batch_shape
+    base = ScaleKernel(RBFKernel(ard_num_dims=2, batch_shape=batch_shape), batch_shape=batch_shape)
+    return ProjectedKernel(base, LearnedProjection(6).double()).double()
+
+
+def test_projected_kernel_is_the_base_kernel_on_the_features_in_both_modes():
+    kernel = _projected_kernel()
+    X, Z = _inputs(), _inputs(7)
+    # Training mode: batch statistics of each argument, as LearnedProjection computes.
+    expected = kernel.base_kernel(kernel.projection(X)).to_dense()
+    torch.testing.assert_close(kernel(X).to_dense(), expected)
+    kernel.projection.calibrate(X)
+    kernel.eval()
+    features_X, features_Z = kernel.projection(X), kernel.projection(Z)
+    torch.testing.assert_close(
+        kernel(Z, X).to_dense(), kernel.base_kernel(features_Z, features_X).to_dense()
+    )
+    torch.testing.assert_close(
+        kernel(Z, diag=True), kernel.base_kernel(features_Z, diag=True), atol=1e-12, rtol=0
+    )
+
+
+def test_projected_kernel_flattens_batched_inputs():
+    kernel = _projected_kernel(torch.Size([3]))
+    kernel.projection.calibrate(_inputs())
+    kernel.eval()
+    X = _inputs(10).expand(3, 10, 6)
+    expected = kernel.base_kernel(kernel.projection(X[0]).expand(3, 10, 2)).to_dense()
+    torch.testing.assert_close(kernel(X).to_dense(), expected)
+    assert kernel.batch_shape == torch.Size([3])
+
+
+def test_frozen_normalization_keeps_running_statistics_in_training_mode():
+    kernel = _projected_kernel()
+    X = _inputs()
+    kernel.projection.calibrate(X)
+    running = kernel.projection.batch_norm.running_mean.clone()
+    kernel.freeze_normalization = True
+    kernel.train()
+    assert kernel.training and not kernel.projection.training
+    kernel(X[:1], X[:1]).to_dense().sum().backward()  # one row: running statistics only
+    assert torch.equal(kernel.projection.batch_norm.running_mean, running)
+    assert all(p.grad is not None for p in kernel.projection.linear.parameters())
+
+
+def test_projected_kernel_needs_a_learned_projection():
+    with pytest.raises(TypeError, match="projection must be a LearnedProjection"):
+        ProjectedKernel(RBFKernel(), torch.nn.Linear(3, 2))

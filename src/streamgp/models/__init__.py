@@ -4,7 +4,7 @@ from streamgp.models.kissgp import KissGP
 from streamgp.models.local_gp import LocalGP
 from streamgp.models.osgpr import OnlineSGPR
 from streamgp.models.osvgp import OnlineSVGP
-from streamgp.models.projection import LearnedProjection
+from streamgp.models.projection import LearnedProjection, ProjectedKernel
 from streamgp.models.svdgp import DecoupledSVGP
 from streamgp.models.wiski import WiskiGP
 
@@ -12,6 +12,7 @@ __all__ = [
     "DecoupledSVGP",
     "KissGP",
     "LearnedProjection",
+    "ProjectedKernel",
     "LocalGP",
     "OnlineSGPR",
     "OnlineSVGP",

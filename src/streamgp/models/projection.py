@@ -16,6 +16,11 @@ after construction): the caller projects ``X`` and gives the features to ``obser
 ``condition_on_observations`` and ``posterior``. :class:`streamgp.loops.stream`
 implements that protocol.
 
+A model that keeps all its data (an exact GP) can instead recompute every feature from
+the current ``phi``, batch style: :class:`ProjectedKernel` puts the projection inside
+the kernel, ``k(x, x') = k_base(h(x), h(x'))`` (the WISKI paper's exact-GP baseline
+learns the same projection).
+
 Batch normalisation: in training mode (batch pretraining) it normalises with the batch
 statistics and tracks running statistics; in eval mode (streaming, where a batch may
 be a single point) it uses the running statistics, whose affine parameters stay
@@ -26,6 +31,7 @@ a given batch (e.g. the pretraining set at the end of pretraining).
 from __future__ import annotations
 
 import torch
+from gpytorch.kernels import Kernel
 from torch import Tensor, nn
 
 from streamgp.utils.validation import check_tensor
@@ -84,3 +90,54 @@ class LearnedProjection(nn.Module):
         self.batch_norm.running_mean.copy_(linear.mean(0))
         self.batch_norm.running_var.copy_(linear.var(0, unbiased=True))
         return self
+
+
+class ProjectedKernel(Kernel):
+    r"""``k(x, x') = k_base(h(x), h(x'))``: a kernel on learned projected features.
+
+    The projection's parameters are the kernel's, so a marginal likelihood trains
+    them with the base kernel's hyperparameters (deep kernel learning). The
+    projection follows the kernel's train/eval mode unless ``freeze_normalization``
+    is set, which keeps its batch normalisation on the running statistics even in
+    training mode (streaming: a single new point has no batch statistics, and the
+    features of old points must not shift with each batch).
+
+    Args:
+        base_kernel: Kernel on the ``k``-dimensional features.
+        projection: A :class:`LearnedProjection` ``R^d -> (-1, 1)^k``.
+
+    Example:
+        >>> from gpytorch.kernels import RBFKernel
+        >>> projection = LearnedProjection(5).double()
+        >>> kernel = ProjectedKernel(RBFKernel(ard_num_dims=2), projection).double()
+        >>> X = torch.rand(10, 5, dtype=torch.float64)
+        >>> kernel(X).to_dense().shape
+        torch.Size([10, 10])
+    """
+
+    def __init__(self, base_kernel: Kernel, projection: LearnedProjection) -> None:
+        if not isinstance(projection, LearnedProjection):
+            raise TypeError(
+                f"projection must be a LearnedProjection, got {type(projection).__name__}."
+            )
+        super().__init__(batch_shape=base_kernel.batch_shape)
+        self.base_kernel = base_kernel
+        self.projection = projection
+        self.freeze_normalization = False
+
+    def train(self, mode: bool = True) -> ProjectedKernel:
+        super().train(mode)
+        if self.freeze_normalization:
+            self.projection.eval()
+        return self
+
+    def _features(self, X: Tensor) -> Tensor:
+        # LearnedProjection takes n x d; batched model inputs are flattened around it.
+        return self.projection(X.reshape(-1, X.shape[-1])).reshape(
+            *X.shape[:-1], self.projection.output_dim
+        )
+
+    def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, **params) -> Tensor:
+        features1 = self._features(x1)
+        features2 = features1 if x2 is x1 else self._features(x2)
+        return self.base_kernel.forward(features1, features2, diag=diag, **params)
