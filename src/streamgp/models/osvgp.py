@@ -78,6 +78,7 @@ from streamgp.models.frozen_transforms import (
     shallow_view,
     transform_new_data,
 )
+from streamgp.utils.optimization import PersistentOptimizerMixin
 from streamgp.utils.validation import check_positive, check_targets, check_tensor
 
 
@@ -161,7 +162,7 @@ class FrozenPosterior:
     prior_root: Tensor
 
 
-class OnlineSVGP(Model, FantasizeMixin):
+class OnlineSVGP(PersistentOptimizerMixin, Model, FantasizeMixin):
     r"""Streaming sparse variational GP (Bui et al. 2017) with generalized-VI weight ``beta``.
 
     Args:
@@ -314,11 +315,7 @@ class OnlineSVGP(Model, FantasizeMixin):
         self.likelihood = likelihood.to(**tkwargs)
         self.beta = float(beta)
         self.num_steps = num_steps
-        self.optimizer_cls = optimizer_cls
-        self.optimizer_kwargs = {"lr": lr} if optimizer_kwargs is None else dict(optimizer_kwargs)
-        self.keep_optimizer_state = keep_optimizer_state
-        self._optimizer: torch.optim.Optimizer | None = None
-        self._optimizer_params: list[Tensor] = []
+        self._init_optimizer(optimizer_cls, optimizer_kwargs, lr, keep_optimizer_state)
         self.frozen_posterior: FrozenPosterior | None = None
         self.num_observed = 0
         self._conditioning: tuple[Tensor, Tensor, Tensor] | None = None
@@ -381,28 +378,6 @@ class OnlineSVGP(Model, FantasizeMixin):
     def _trainable_parameters(self) -> list[Tensor]:
         modules = [self.model, self.likelihood]
         return [p for module in modules for p in module.parameters() if p.requires_grad]
-
-    @property
-    def optimizer_kwargs(self) -> dict[str, Any]:
-        r"""Keyword arguments of ``optimizer_cls``; setting them starts a new optimizer."""
-        return self._optimizer_kwargs
-
-    @optimizer_kwargs.setter
-    def optimizer_kwargs(self, value: dict[str, Any]) -> None:
-        self._optimizer_kwargs = dict(value)
-        self._optimizer = None  # the next step builds one with the new settings
-
-    def _get_optimizer(self) -> torch.optim.Optimizer | None:
-        params = self._trainable_parameters()
-        if not params:
-            return None
-        same = len(params) == len(self._optimizer_params) and all(
-            p is q for p, q in zip(params, self._optimizer_params, strict=True)
-        )
-        if self._optimizer is None or not same or not self.keep_optimizer_state:
-            self._optimizer = self.optimizer_cls(params, **self.optimizer_kwargs)
-            self._optimizer_params = params
-        return self._optimizer
 
     def _freeze_posterior(self) -> FrozenPosterior:
         r"""Snapshot ``q_old(a)`` and ``p(a | theta_old)`` at the current inducing points.

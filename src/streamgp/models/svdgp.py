@@ -70,12 +70,13 @@ from streamgp.models.frozen_transforms import (
     transform_new_data,
 )
 from streamgp.models.osvgp import _check_binary, _check_likelihood
+from streamgp.utils.optimization import PersistentOptimizerMixin
 from streamgp.utils.validation import check_positive, check_targets, check_tensor
 
 _VARIATIONAL = ("mean_basis", "mean_weights", "covar_basis", "covar_root")
 
 
-class DecoupledSVGP(Model, FantasizeMixin):
+class DecoupledSVGP(PersistentOptimizerMixin, Model, FantasizeMixin):
     r"""Decoupled sparse variational GP (Cheng & Boots 2017) with online basis growth.
 
     Args:
@@ -235,12 +236,8 @@ class DecoupledSVGP(Model, FantasizeMixin):
         self.new_root_diagonal = float(new_root_diagonal)
         self.lr_decay = float(lr_decay)
         self.num_optimizer_steps = 0
-        self.optimizer_cls = optimizer_cls
-        self.optimizer_kwargs = {"lr": lr} if optimizer_kwargs is None else dict(optimizer_kwargs)
-        self.keep_optimizer_state = keep_optimizer_state
+        self._init_optimizer(optimizer_cls, optimizer_kwargs, lr, keep_optimizer_state)
         self._generator = torch.Generator().manual_seed(seed)
-        self._optimizer: torch.optim.Optimizer | None = None
-        self._optimizer_params: list[Tensor] = []
         self.num_observed = 0
         self._conditioning: tuple[Tensor, Tensor, Tensor] | None = None
         self._replay_X = train_X_t[:0].detach().clone()
@@ -377,28 +374,6 @@ class DecoupledSVGP(Model, FantasizeMixin):
 
     def _trainable_parameters(self) -> list[Tensor]:
         return [p for p in self.parameters() if p.requires_grad]
-
-    @property
-    def optimizer_kwargs(self) -> dict[str, Any]:
-        r"""Keyword arguments of ``optimizer_cls``; setting them starts a new optimizer."""
-        return self._optimizer_kwargs
-
-    @optimizer_kwargs.setter
-    def optimizer_kwargs(self, value: dict[str, Any]) -> None:
-        self._optimizer_kwargs = dict(value)
-        self._optimizer = None  # the next step builds one with the new settings
-
-    def _get_optimizer(self) -> torch.optim.Optimizer | None:
-        params = self._trainable_parameters()
-        if not params:
-            return None
-        same = len(params) == len(self._optimizer_params) and all(
-            p is q for p, q in zip(params, self._optimizer_params, strict=True)
-        )
-        if self._optimizer is None or not same or not self.keep_optimizer_state:
-            self._optimizer = self.optimizer_cls(params, **self.optimizer_kwargs)
-            self._optimizer_params = params
-        return self._optimizer
 
     def _set_learning_rate(self, optimizer: torch.optim.Optimizer) -> None:
         r"""The paper's step-size schedule ``gamma_t = gamma_0 / (1 + decay sqrt(t))``."""

@@ -1,0 +1,70 @@
+r"""The persistent per-batch optimizer of the streaming variational models.
+
+``OnlineSVGP`` and ``DecoupledSVGP`` take ``num_steps`` optimizer steps on every
+batch they absorb. Adam's moment estimates are worth keeping between batches, but
+only while the parameters are the same tensors: a model that replaces a parameter
+(new inducing points, a grown basis) needs a new optimizer, or a patched one.
+:class:`PersistentOptimizerMixin` holds that logic once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+class PersistentOptimizerMixin:
+    r"""An optimizer built lazily and kept across batches while its parameters persist.
+
+    A class using it calls :meth:`_init_optimizer` in its constructor and implements
+    :meth:`_trainable_parameters`; :meth:`_get_optimizer` then returns the optimizer
+    for the next step.
+    """
+
+    optimizer_cls: type[torch.optim.Optimizer]
+    keep_optimizer_state: bool
+
+    def _init_optimizer(
+        self,
+        optimizer_cls: type[torch.optim.Optimizer],
+        optimizer_kwargs: dict[str, Any] | None,
+        lr: float,
+        keep_optimizer_state: bool,
+    ) -> None:
+        self.optimizer_cls = optimizer_cls
+        self.optimizer_kwargs = {"lr": lr} if optimizer_kwargs is None else dict(optimizer_kwargs)
+        self.keep_optimizer_state = keep_optimizer_state
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._optimizer_params: list[Tensor] = []
+
+    def _trainable_parameters(self) -> list[Tensor]:
+        raise NotImplementedError
+
+    @property
+    def optimizer_kwargs(self) -> dict[str, Any]:
+        r"""Keyword arguments of ``optimizer_cls``; setting them starts a new optimizer."""
+        return self._optimizer_kwargs
+
+    @optimizer_kwargs.setter
+    def optimizer_kwargs(self, value: dict[str, Any]) -> None:
+        self._optimizer_kwargs = dict(value)
+        self._optimizer = None  # the next step builds one with the new settings
+
+    def _get_optimizer(self) -> torch.optim.Optimizer | None:
+        r"""The optimizer of the trainable parameters (``None`` if there are none).
+
+        A new one is built when there is none yet, when the trainable tensors changed,
+        or when ``keep_optimizer_state`` is off.
+        """
+        params = self._trainable_parameters()
+        if not params:
+            return None
+        same = len(params) == len(self._optimizer_params) and all(
+            p is q for p, q in zip(params, self._optimizer_params, strict=True)
+        )
+        if self._optimizer is None or not same or not self.keep_optimizer_state:
+            self._optimizer = self.optimizer_cls(params, **self.optimizer_kwargs)
+            self._optimizer_params = params
+        return self._optimizer
