@@ -79,7 +79,9 @@ def _common(parser: argparse.ArgumentParser, default_q: int, default_init: int) 
     parser.add_argument("--num-init", type=_positive_int, default=default_init)
     parser.add_argument("--fit-every", type=int, default=1, help="refit every k steps (0: never)")
     parser.add_argument("--fit-max-iter", type=_positive_int, default=None, help="L-BFGS-B iters")
-    parser.add_argument("--grid-size", type=_positive_int, default=None, help="WISKI grid per dim")
+    parser.add_argument(
+        "--grid-size", type=_positive_int, default=None, help="WISKI/KISS-GP grid per dim"
+    )
     parser.add_argument("--num-restarts", type=_positive_int, default=10)
     parser.add_argument("--raw-samples", type=_positive_int, default=512)
     parser.add_argument("--batch-limit", type=_positive_int, default=5)
@@ -103,7 +105,8 @@ def _acquisition_options(args: argparse.Namespace) -> AcquisitionOptions:
 
 
 def _model_options(args: argparse.Namespace) -> dict[str, dict]:
-    return {"wiski": {} if args.grid_size is None else {"grid_size": args.grid_size}}
+    grid = {} if args.grid_size is None else {"grid_size": args.grid_size}
+    return {"wiski": dict(grid), "kissgp": dict(grid)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -230,6 +233,7 @@ def _active(args: argparse.Namespace) -> None:
     )
     options = _model_options(args)
     options["wiski"].setdefault("grid_size", 30)
+    options["kissgp"].setdefault("grid_size", 30)
     results = run_active_experiment(
         pool_X,
         pool_Y,

@@ -32,13 +32,13 @@ def make_loop(model="wiski", acquisition="qnipv", fixed_noise=True, seed=0):
         num_init=5,
         num_mc_points=32,
         fit_max_iter=5,
-        model_options={"grid_size": 12} if model == "wiski" else {},
+        model_options={"grid_size": 12} if model in ("wiski", "kissgp") else {},
         acquisition_options=TINY,
         seed=seed,
     )
 
 
-@pytest.mark.parametrize("model", ["wiski", "exact"])
+@pytest.mark.parametrize("model", ["wiski", "kissgp", "exact"])
 @pytest.mark.parametrize("acquisition", ["qnipv", "maxvar", "random"])
 @pytest.mark.parametrize("fixed_noise", [True, False])
 def test_loop_runs_and_never_repeats_a_point(model, acquisition, fixed_noise):

@@ -9,6 +9,9 @@ by name (``"wiski"``, ``"exact"``).
 - :class:`WiskiSurrogate` absorbs a batch with :meth:`WiskiGP.observe` (constant
   time in ``n``) and refits on :class:`WoodburyMarginalLogLikelihood` (also constant
   in ``n``); it stores no data.
+- :class:`KissSurrogate` is KISS-GP (:class:`~streamgp.models.KissGP`), the
+  non-online grid model: ``observe`` appends the batch and the next prediction
+  re-reads all data; refits use gpytorch's CG-based exact marginal likelihood.
 - :class:`ExactSurrogate` is what a BoTorch user does today: keep all data and
   rebuild a :class:`~botorch.models.SingleTaskGP` after each batch, warm-starting
   its hyperparameters (``O(n^3)`` per step).
@@ -30,7 +33,7 @@ from gpytorch.mlls import ExactMarginalLogLikelihood
 from torch import Tensor
 
 from streamgp.mlls import WoodburyMarginalLogLikelihood
-from streamgp.models import WiskiGP
+from streamgp.models import KissGP, WiskiGP
 
 #: Builds the covariance module for a given input dimension (``None``: the model's default).
 KernelFactory = Callable[[int], Kernel]
@@ -91,11 +94,55 @@ def _fit(mll, max_iter: int | None) -> None:
     mll.model.eval()
 
 
-class WiskiSurrogate(Surrogate):
-    r""":class:`WiskiGP` with constant-time updates and refits.
+class _GridSurrogate(Surrogate):
+    r"""A grid model (``model_cls``) built on the initial design, absorbing by ``observe``.
 
-    The outcome is standardised with the statistics of the initial design, then
-    frozen (``WiskiGP`` freezes its transforms).
+    The outcome is standardised with the statistics of the initial design, then frozen
+    (grid models freeze their transforms). Refits maximise ``mll_cls``.
+    """
+
+    model_cls: type[WiskiGP] | type[KissGP]
+    mll_cls: type
+
+    def __init__(
+        self,
+        train_X: Tensor,
+        train_Y: Tensor,
+        train_Yvar: Tensor | None = None,
+        *,
+        kernel_factory: KernelFactory | None = None,
+        grid_size: int | None = None,
+    ) -> None:
+        super().__init__(train_X, train_Y, train_Yvar, kernel_factory=kernel_factory)
+        self.grid_size = grid_size
+        self.initial = (train_X, train_Y, train_Yvar)
+        self._model = self._build()
+
+    def _build(self):
+        X, Y, Yvar = self.initial
+        model = self.model_cls(
+            X,
+            Y,
+            Yvar,
+            grid_size=self.grid_size,
+            covar_module=self._covar_module(X.shape[-1]),
+            outcome_transform=Standardize(m=1),
+        )
+        return model.eval()
+
+    @property
+    def model(self):
+        return self._model
+
+    def update(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> None:
+        self._model.observe(X, Y, Yvar)
+
+    def fit(self, max_iter: int | None = None) -> None:
+        _fit(self.mll_cls(self._model.likelihood, self._model), max_iter)
+
+
+class WiskiSurrogate(_GridSurrogate):
+    r""":class:`WiskiGP` with constant-time updates and refits (it stores no data).
 
     Args:
         grid_size: Grid points per dimension (``None``: ``WiskiGP``'s default).
@@ -110,42 +157,54 @@ class WiskiSurrogate(Surrogate):
     """
 
     name = "wiski"
-
-    def __init__(
-        self,
-        train_X: Tensor,
-        train_Y: Tensor,
-        train_Yvar: Tensor | None = None,
-        *,
-        kernel_factory: KernelFactory | None = None,
-        grid_size: int | None = None,
-    ) -> None:
-        super().__init__(train_X, train_Y, train_Yvar, kernel_factory=kernel_factory)
-        self._model = WiskiGP(
-            train_X,
-            train_Y,
-            train_Yvar,
-            grid_size=grid_size,
-            covar_module=self._covar_module(train_X.shape[-1]),
-            outcome_transform=Standardize(m=1),
-        )
-        self._model.eval()
-
-    @property
-    def model(self) -> WiskiGP:
-        return self._model
-
-    def update(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> None:
-        self._model.observe(X, Y, Yvar)
-
-    def fit(self, max_iter: int | None = None) -> None:
-        _fit(WoodburyMarginalLogLikelihood(self._model.likelihood, self._model), max_iter)
+    model_cls = WiskiGP
+    mll_cls = WoodburyMarginalLogLikelihood
 
     def state_dict(self) -> dict[str, Any]:
         return {"model": self._model.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._model.load_state_dict(state["model"])
+        self._model.eval()
+
+
+class KissSurrogate(_GridSurrogate):
+    r""":class:`KissGP` (KISS-GP): grid interpolation without WISKI's online caches.
+
+    ``observe`` appends the data; the next prediction re-reads all of it. Refits use
+    gpytorch's CG-based exact marginal likelihood. A checkpoint stores the initial
+    design (which fixes the frozen transforms) and the transformed training data, so
+    a restored model is bit-for-bit the saved one.
+
+    Args:
+        grid_size: Grid points per dimension (``None``: ``KissGP``'s default).
+        **kwargs: As :class:`Surrogate`.
+
+    Example:
+        >>> X = torch.rand(5, 2, dtype=torch.float64)
+        >>> s = KissSurrogate(X, X.sum(-1, keepdim=True), grid_size=12)
+        >>> s.update(torch.rand(3, 2, dtype=torch.float64), torch.rand(3, 1, dtype=torch.float64))
+        >>> s.model.num_train
+        8
+    """
+
+    name = "kissgp"
+    model_cls = KissGP
+    mll_cls = ExactMarginalLogLikelihood
+
+    def state_dict(self) -> dict[str, Any]:
+        model = self._model
+        noise = model.likelihood.noise.detach() if self.fixed_noise else None
+        data = (model.train_inputs[0], model.train_targets, noise)
+        return {"initial": self.initial, "data": data, "model": model.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.initial = state["initial"]
+        self._model = self._build()
+        self._model.load_state_dict(state["model"])
+        # The transformed data exactly as saved, set last: replaying observe, or
+        # BoTorch's load_state_dict, re-transforms targets, which need not round alike.
+        self._model._set_data(*state["data"])
         self._model.eval()
 
 
@@ -223,7 +282,9 @@ class ExactSurrogate(Surrogate):
         self._model = self._build(state["model"])
 
 
-SURROGATES: dict[str, type[Surrogate]] = {cls.name: cls for cls in (WiskiSurrogate, ExactSurrogate)}
+SURROGATES: dict[str, type[Surrogate]] = {
+    cls.name: cls for cls in (WiskiSurrogate, KissSurrogate, ExactSurrogate)
+}
 
 
 def make_surrogate(
