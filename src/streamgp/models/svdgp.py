@@ -71,7 +71,11 @@ from streamgp.models.frozen_transforms import (
 )
 from streamgp.models.osvgp import _check_binary, _check_likelihood
 from streamgp.utils.optimization import PersistentOptimizerMixin
-from streamgp.utils.validation import check_positive, check_targets, check_tensor
+from streamgp.utils.validation import (
+    check_conditioning_data,
+    check_targets,
+    check_tensor,
+)
 
 _VARIATIONAL = ("mean_basis", "mean_weights", "covar_basis", "covar_root")
 
@@ -645,12 +649,7 @@ class DecoupledSVGP(PersistentOptimizerMixin, Model, FantasizeMixin):
                 "Use observe() to update it."
             )
         self._check_inputs(X, "X")
-        check_tensor(Y, "Y", like=X, min_dim=2, last_dim=1)
-        if Y.shape[-2] != X.shape[-2]:
-            raise ValueError(f"Y has {Y.shape[-2]} points per batch but X has {X.shape[-2]}.")
-        if noise is not None:
-            check_tensor(noise, "noise", like=X, min_dim=2, last_dim=1)
-            check_positive(noise, "noise")
+        check_conditioning_data(X, Y, noise, like=X, dim=X.shape[-1])
         X_t, Y_t, _ = transform_new_data(self, X, Y)
         y = Y_t.squeeze(-1)
         if noise is None:
