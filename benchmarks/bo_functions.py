@@ -43,6 +43,9 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=1)
     parser.add_argument("--fit-every", type=int, default=10)
     parser.add_argument("--window", type=int, default=20, help="steps averaged at each end")
+    parser.add_argument(
+        "--num-inducing", type=int, default=256, help="O-SVGP's M (the paper: 1000, on GPUs)"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     parser.add_argument("--resume", action="store_true", help="continue from checkpoints")
     parser.add_argument("--device", default="cpu")
@@ -65,6 +68,7 @@ def main() -> None:
                 trials=args.trials,
                 q=3,
                 fit_every=args.fit_every,
+                model_options={"osvgp": {"num_inducing": args.num_inducing}},
                 device=args.device,
                 out=runs / f"{function}_{model}",
                 resume=args.resume,
@@ -85,7 +89,8 @@ def main() -> None:
             "trials": args.trials,
             "fit_every": args.fit_every,
             "window": args.window,
-            "noise_std": {name: TEST_FUNCTIONS[name][1] for name in functions},
+            "osvgp_num_inducing": args.num_inducing,
+            "noise_std": {name: TEST_FUNCTIONS[name][1] for name in results["function"].unique()},
         },
         "machine": machine_info(args.device),
         "results": table.to_dict(orient="records"),

@@ -7,7 +7,12 @@ from streamgp.loops import AcquisitionOptions, BayesOptLoop, make_test_function
 from streamgp.loops.bo import TEST_FUNCTIONS
 
 TINY = AcquisitionOptions(num_restarts=2, raw_samples=16, batch_limit=2, maxiter=5)
-MODEL_OPTIONS = {"wiski": {"grid_size": 6}, "kissgp": {"grid_size": 6}, "exact": {}}
+MODEL_OPTIONS = {
+    "wiski": {"grid_size": 6},
+    "kissgp": {"grid_size": 6},
+    "osvgp": {"num_inducing": 16, "update_steps": 3},
+    "exact": {},
+}
 
 
 def make_loop(model="wiski", acquisition="qucb", q=3, seed=0, **kwargs):
@@ -25,7 +30,7 @@ def make_loop(model="wiski", acquisition="qucb", q=3, seed=0, **kwargs):
     )
 
 
-@pytest.mark.parametrize("model", ["wiski", "kissgp", "exact"])
+@pytest.mark.parametrize("model", ["wiski", "kissgp", "osvgp", "exact"])
 @pytest.mark.parametrize(
     "acquisition, q",
     [("qucb", 3), ("ei", 1), ("qei", 2), ("qlogei", 2), ("qnipv", 2), ("random", 3)],
@@ -91,7 +96,7 @@ def test_seeded_runs_are_reproducible_and_leave_global_rng_alone():
     assert first["best_value"].tolist() != other["best_value"].tolist()
 
 
-@pytest.mark.parametrize("model", ["wiski", "kissgp", "exact"])
+@pytest.mark.parametrize("model", ["wiski", "kissgp", "osvgp", "exact"])
 def test_resume_from_checkpoint_reproduces_uninterrupted_run(tmp_path, model):
     columns = ["step", "num_observations", "best_value", "best_observed"]
     full = make_loop(model).run(4)

@@ -459,3 +459,39 @@ def test_diverging_update_is_rolled_back(fitted):
         model.observe(X, Y, num_steps=3)
     new_state, new_n = _state(model)
     assert new_n == n and all(torch.equal(state[k], new_state[k]) for k in state)
+
+
+def test_refine_continues_the_last_batch_objective():
+    import copy
+
+    X, Y = _toy(40)
+    base = OnlineSVGP(X[:20], Y[:20], num_inducing=6, num_init_steps=10, lr=0.01)
+    split, joined = base, copy.deepcopy(base)
+    split.observe(X[20:], Y[20:], num_steps=3).refine(5)
+    joined.observe(X[20:], Y[20:], num_steps=8)
+    assert split.num_observed == joined.num_observed == 40
+    state, other = split.state_dict(), joined.state_dict()
+    assert all(torch.equal(state[k], other[k]) for k in state)
+    # The refined objective is the streaming bound of the last batch, which went down.
+    loss_before = split.streaming_loss(*split.last_batch).item()
+    split.refine(50)
+    assert split.streaming_loss(*split.last_batch).item() < loss_before
+
+
+def test_refine_bad_calls_raise_and_leave_model_unchanged(fitted):
+    model, _, _ = fitted
+    state, n = _state(model)
+    with pytest.raises(ValueError, match="num_steps"):
+        model.refine(-1)
+    with pytest.raises(RuntimeError, match="conditioned"):
+        X = torch.rand(2, 1, dtype=DT)
+        model.condition_on_observations(X, torch.zeros(2, 1, dtype=DT)).refine(1)
+    model.optimizer_cls = torch.optim.SGD
+    model.optimizer_kwargs = {"lr": 1e300}
+    with pytest.raises(RuntimeError, match="non-finite"):
+        model.refine(3)
+    new_state, new_n = _state(model)
+    assert new_n == n and all(torch.equal(state[k], new_state[k]) for k in state)
+    empty = OnlineSVGP(X[:0], torch.zeros(0, 1, dtype=DT), inducing_points=Z6)
+    with pytest.raises(RuntimeError, match="observe data first"):
+        empty.refine(1)

@@ -4,7 +4,7 @@ A loop needs four things from a model, whatever it is: build it on an initial
 design, absorb a new batch, refit hyperparameters (warm-started from the current
 ones), and expose a BoTorch :class:`~botorch.models.model.Model` for acquisition
 functions. :class:`Surrogate` is that interface; :func:`make_surrogate` builds one
-by name (``"wiski"``, ``"exact"``).
+by name (``"wiski"``, ``"kissgp"``, ``"osvgp"``, ``"exact"``).
 
 - :class:`WiskiSurrogate` absorbs a batch with :meth:`WiskiGP.observe` (constant
   time in ``n``) and refits on :class:`WoodburyMarginalLogLikelihood` (also constant
@@ -12,6 +12,10 @@ by name (``"wiski"``, ``"exact"``).
 - :class:`KissSurrogate` is KISS-GP (:class:`~streamgp.models.KissGP`), the
   non-online grid model: ``observe`` appends the batch and the next prediction
   re-reads all data; refits use gpytorch's CG-based exact marginal likelihood.
+- :class:`OnlineSVGPSurrogate` is O-SVGP (:class:`~streamgp.models.OnlineSVGP`), the
+  streaming variational baseline: a batch is absorbed by Adam steps on its streaming
+  bound (constant time in ``n``) and a refit takes more Adam steps on the bound of
+  the last batch, as the WISKI paper refits O-SVGP in its BO runs (appendix C.2).
 - :class:`ExactSurrogate` is what a BoTorch user does today: keep all data and
   rebuild a :class:`~botorch.models.SingleTaskGP` after each batch, warm-starting
   its hyperparameters (``O(n^3)`` per step).
@@ -28,12 +32,14 @@ from botorch.fit import fit_gpytorch_mll
 from botorch.models import SingleTaskGP
 from botorch.models.model import Model
 from botorch.models.transforms.outcome import Standardize
+from botorch.models.utils.gpytorch_modules import get_covar_module_with_dim_scaled_prior
 from gpytorch.kernels import Kernel
 from gpytorch.mlls import ExactMarginalLogLikelihood
 from torch import Tensor
 
 from streamgp.mlls import WoodburyMarginalLogLikelihood
-from streamgp.models import KissGP, WiskiGP
+from streamgp.models import KissGP, OnlineSVGP, WiskiGP
+from streamgp.models.osvgp import FrozenPosterior
 
 #: Builds the covariance module for a given input dimension (``None``: the model's default).
 KernelFactory = Callable[[int], Kernel]
@@ -74,7 +80,11 @@ class Surrogate(ABC):
 
     @abstractmethod
     def fit(self, max_iter: int | None = None) -> None:
-        r"""Refit the hyperparameters by L-BFGS-B, warm-started from the current ones."""
+        r"""Refit, warm-started from the current parameters.
+
+        ``max_iter`` caps the optimizer's iterations (L-BFGS-B for the exact and grid
+        models, Adam steps for O-SVGP); ``None`` is the surrogate's default.
+        """
 
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
@@ -208,6 +218,115 @@ class KissSurrogate(_GridSurrogate):
         self._model.eval()
 
 
+class OnlineSVGPSurrogate(Surrogate):
+    r""":class:`OnlineSVGP` (O-SVGP with generalized-VI weight ``beta``) for the loops.
+
+    A batch is absorbed with ``update_steps`` Adam steps on its streaming bound; a
+    refit takes ``max_iter`` (default ``fit_steps``) more on the bound of the last
+    batch, with the old posterior still frozen (:meth:`OnlineSVGP.refine`). Both cost
+    ``O(q M^2 + M^3)`` per step whatever ``n``. Each call starts a fresh Adam, so a
+    checkpoint holds the whole state and a resumed run is the uninterrupted one.
+    The ``M`` inducing points start as a scrambled Sobol set in the unit cube (the
+    loops' domain) and are learned, so the initial design may be smaller than ``M``.
+    The outcome is standardised with the initial design's statistics, then frozen.
+
+    Args:
+        num_inducing: ``M`` (the WISKI paper uses 1000 in its BO runs).
+        beta: Weight of the KL terms (Stanton et al.'s ``1e-3``).
+        lr: Adam learning rate.
+        update_steps: Adam steps per absorbed batch (and on the initial design).
+        fit_steps: Adam steps per refit when ``max_iter`` is ``None``.
+        seed: Seed of the Sobol inducing points.
+        **kwargs: As :class:`Surrogate`. Known noise (``train_Yvar``) is not supported.
+
+    Example:
+        >>> X = torch.rand(5, 2, dtype=torch.float64)
+        >>> s = OnlineSVGPSurrogate(X, X.sum(-1, keepdim=True), num_inducing=16)
+        >>> s.update(torch.rand(3, 2, dtype=torch.float64), torch.rand(3, 1, dtype=torch.float64))
+        >>> s.model.num_observed
+        8
+    """
+
+    name = "osvgp"
+
+    def __init__(
+        self,
+        train_X: Tensor,
+        train_Y: Tensor,
+        train_Yvar: Tensor | None = None,
+        *,
+        kernel_factory: KernelFactory | None = None,
+        num_inducing: int = 256,
+        beta: float = 1e-3,
+        lr: float = 1e-2,
+        update_steps: int = 20,
+        fit_steps: int = 100,
+        seed: int = 0,
+    ) -> None:
+        if train_Yvar is not None:
+            raise ValueError(
+                "osvgp: known observation noise (train_Yvar) is not supported; O-SVGP "
+                "learns a homoskedastic Gaussian noise."
+            )
+        for name, value in [("num_inducing", num_inducing), ("fit_steps", fit_steps)]:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}.")
+        super().__init__(train_X, train_Y, kernel_factory=kernel_factory)
+        self.fit_steps = fit_steps
+        dim = train_X.shape[-1]
+        sobol = torch.quasirandom.SobolEngine(dim, scramble=True, seed=seed)
+        inducing_points = sobol.draw(num_inducing).to(train_X)
+        covar_module = self._covar_module(dim)
+        self._model = OnlineSVGP(
+            train_X,
+            train_Y,
+            inducing_points=inducing_points,
+            covar_module=(
+                get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
+                if covar_module is None
+                else covar_module
+            ),
+            beta=beta,
+            lr=lr,
+            num_steps=update_steps,
+            num_init_steps=update_steps,
+            keep_optimizer_state=False,
+            outcome_transform=Standardize(m=1),
+        )
+
+    @property
+    def model(self) -> OnlineSVGP:
+        return self._model
+
+    def update(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> None:
+        if Yvar is not None:
+            raise ValueError("osvgp: known observation noise (Yvar) is not supported.")
+        self._model.observe(X, Y)
+
+    def fit(self, max_iter: int | None = None) -> None:
+        self._model.refine(self.fit_steps if max_iter is None else int(max_iter))
+
+    def state_dict(self) -> dict[str, Any]:
+        model = self._model
+        frozen = model.frozen_posterior
+        return {
+            "model": model.state_dict(),
+            "frozen_posterior": None if frozen is None else dict(vars(frozen)),
+            "last_batch": model.last_batch,
+            "num_observed": model.num_observed,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        model = self._model
+        model.load_state_dict(state["model"])
+        frozen = state["frozen_posterior"]
+        model.frozen_posterior = None if frozen is None else FrozenPosterior(**frozen)
+        model.last_batch = state["last_batch"]
+        model.num_observed = state["num_observed"]
+        model.model.variational_strategy._clear_cache()
+        model.eval()
+
+
 class ExactSurrogate(Surrogate):
     r"""BoTorch's exact :class:`SingleTaskGP`, rebuilt on all data after each batch.
 
@@ -283,7 +402,7 @@ class ExactSurrogate(Surrogate):
 
 
 SURROGATES: dict[str, type[Surrogate]] = {
-    cls.name: cls for cls in (WiskiSurrogate, KissSurrogate, ExactSurrogate)
+    cls.name: cls for cls in (WiskiSurrogate, KissSurrogate, OnlineSVGPSurrogate, ExactSurrogate)
 }
 
 

@@ -322,6 +322,8 @@ class OnlineSVGP(PersistentOptimizerMixin, Model, FantasizeMixin):
         self._init_optimizer(optimizer_cls, optimizer_kwargs, lr, keep_optimizer_state)
         self.frozen_posterior: FrozenPosterior | None = None
         self.num_observed = 0
+        #: The last absorbed batch (transformed), whose objective :meth:`refine` optimises.
+        self.last_batch: tuple[Tensor, Tensor] | None = None
         self._conditioning: tuple[Tensor, Tensor, Tensor] | None = None
         self._cache_snapshot: list[Tensor] | None = None
         if len(train_X):
@@ -449,6 +451,12 @@ class OnlineSVGP(PersistentOptimizerMixin, Model, FantasizeMixin):
             current = self.inducing_points
             if Z.shape != current.shape or not torch.equal(Z, current):
                 self.model.replace_inducing_points(Z)
+        self._optimize(X_t, y, num_steps)
+        self.num_observed += len(y)
+        self.last_batch = (X_t, y)
+
+    def _optimize(self, X_t: Tensor, y: Tensor, num_steps: int) -> None:
+        r"""``num_steps`` optimizer steps on the streaming objective of ``(X_t, y)``."""
         optimizer = self._get_optimizer()
         self.model.train()
         self.likelihood.train()
@@ -468,7 +476,6 @@ class OnlineSVGP(PersistentOptimizerMixin, Model, FantasizeMixin):
             self.likelihood.eval()
             self.model.variational_strategy._clear_cache()
             self._cache_snapshot = None
-        self.num_observed += len(y)
 
     def _refresh_caches(self) -> None:
         r"""Drop gpytorch's eval-mode caches if any parameter changed since they were built."""
@@ -552,27 +559,60 @@ class OnlineSVGP(PersistentOptimizerMixin, Model, FantasizeMixin):
         Returns:
             The model itself. Invalid input raises before anything is changed.
         """
-        if self._conditioning is not None:
-            raise RuntimeError(
-                "observe is not available on a conditioned (fantasy) model; observe on "
-                "the model it was conditioned from."
-            )
+        self._check_not_conditioned("observe")
         self._check_inputs(X, "X")
         if X.dim() != 2:
             raise ValueError(f"X must have shape q x d, got {tuple(X.shape)}.")
         check_targets(check_tensor(Y, "Y", like=X, min_dim=2), "Y", len(X))
         if not self.is_gaussian:
             _check_binary(Y, "Y")
-        if num_steps is None:
-            num_steps = self.num_steps
-        elif not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 0:
-            raise ValueError(f"num_steps must be a non-negative int, got {num_steps!r}.")
+        num_steps = self.num_steps if num_steps is None else _check_num_steps(num_steps)
         if len(X) == 0:
             return self
         X_t, Y_t, _ = transform_new_data(self, X, Y)
+        self._guarded(lambda: self._absorb(X_t, Y_t.squeeze(-1), num_steps))
+        return self
+
+    def refine(self, num_steps: int) -> OnlineSVGP:
+        r"""More optimizer steps on the streaming objective of the last absorbed batch.
+
+        The old posterior stays frozen and nothing is absorbed twice, so
+        ``observe(X, Y, num_steps=k)`` followed by ``refine(j)`` is the same update as
+        ``observe(X, Y, num_steps=k + j)`` with the optimizer kept. One step per batch is
+        the streaming protocol; a Bayesian-optimisation loop that refits "to
+        convergence" (Stanton et al. 2021, appendix C.2) refines with many.
+
+        Args:
+            num_steps: Optimizer steps (non-negative int).
+
+        Returns:
+            The model itself. If the steps diverge, the model is restored and
+            ``RuntimeError`` is raised.
+
+        Example:
+            >>> X = torch.rand(50, 1, dtype=torch.float64)
+            >>> model = OnlineSVGP(X, torch.sin(6 * X), num_inducing=8, num_init_steps=5)
+            >>> model = model.refine(20)  # 20 more steps on the constructor's batch
+        """
+        self._check_not_conditioned("refine")
+        num_steps = _check_num_steps(num_steps)
+        if self.last_batch is None:
+            raise RuntimeError("refine needs an absorbed batch; observe data first.")
+        self._guarded(lambda: self._optimize(*self.last_batch, num_steps))
+        return self
+
+    def _check_not_conditioned(self, method: str) -> None:
+        if self._conditioning is not None:
+            raise RuntimeError(
+                f"{method} is not available on a conditioned (fantasy) model; call it on "
+                "the model it was conditioned from."
+            )
+
+    def _guarded(self, update) -> None:
+        r"""Run ``update``; restore the model if it raises or leaves non-finite parameters."""
         snapshot = self._snapshot()
         try:
-            self._absorb(X_t, Y_t.squeeze(-1), num_steps)
+            update()
             if not all(torch.isfinite(p).all() for p in self._trainable_parameters()):
                 raise RuntimeError(
                     "The streaming update produced non-finite parameters (the optimizer "
@@ -581,7 +621,6 @@ class OnlineSVGP(PersistentOptimizerMixin, Model, FantasizeMixin):
         except Exception:
             self._restore(snapshot)
             raise
-        return self
 
     def _snapshot(self) -> tuple:
         r"""What :meth:`_restore` needs to undo a failed update (``O(M^2)`` copies)."""
@@ -592,15 +631,17 @@ class OnlineSVGP(PersistentOptimizerMixin, Model, FantasizeMixin):
             states,
             self.frozen_posterior,
             self.num_observed,
+            self.last_batch,
         )
 
     def _restore(self, snapshot: tuple) -> None:
-        strategy, states, frozen, num_observed = snapshot
+        strategy, states, frozen, num_observed, last_batch = snapshot
         self.model.variational_strategy = strategy
         for module, state in zip((self.model, self.likelihood), states, strict=True):
             module.load_state_dict(state)
         self.frozen_posterior = frozen
         self.num_observed = num_observed
+        self.last_batch = last_batch
         self._optimizer = None
         self.model.eval()
         self.likelihood.eval()
@@ -671,3 +712,9 @@ def _check_likelihood(likelihood: object) -> None:
 def _check_binary(Y: Tensor, name: str) -> None:
     if not ((Y == 0) | (Y == 1)).all():
         raise ValueError(f"{name} must contain only 0/1 labels for a BernoulliLikelihood.")
+
+
+def _check_num_steps(num_steps: object) -> int:
+    if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 0:
+        raise ValueError(f"num_steps must be a non-negative int, got {num_steps!r}.")
+    return num_steps
