@@ -28,11 +28,12 @@ def test_argument_errors_are_clear(argv, message, capsys):
 
 
 def test_tiny_bo_run_writes_csv_and_summary(tmp_path, capsys):
-    argv = "bo --function ackley --models wiski,exact --steps 2 --grid-size 6 --num-restarts 2"
-    argv += " --raw-samples 16 --maxiter 5 --fit-max-iter 5 --no-progress --no-plots --out"
+    argv = "bo --function ackley --models wiski,osvgp,exact --steps 2 --grid-size 6"
+    argv += " --num-inducing 8 --num-restarts 2 --raw-samples 16 --maxiter 5 --fit-max-iter 5"
+    argv += " --no-progress --no-plots --out"
     main([*argv.split(), str(tmp_path)])
     results = pd.read_csv(tmp_path / "bo_ackley_qucb.csv")
-    assert set(results["model"]) == {"wiski", "exact"} and results["step"].max() == 2
+    assert set(results["model"]) == {"wiski", "osvgp", "exact"} and results["step"].max() == 2
     assert (tmp_path / "checkpoints").is_dir()
     assert "best_value" in capsys.readouterr().out
 
@@ -45,3 +46,14 @@ def test_active_pool_batch_size_reaches_the_acquisition_options():
     assert _acquisition_options(args).pool_batch_size == 8
     bo_args = build_parser().parse_args(["bo"])
     assert _acquisition_options(bo_args).pool_batch_size == AcquisitionOptions.pool_batch_size
+
+
+def test_model_size_options_reach_their_models():
+    from streamgp.cli import _model_options, build_parser
+
+    args = build_parser().parse_args(["bo", "--grid-size", "7", "--num-inducing", "9"])
+    options = _model_options(args)
+    assert options["wiski"] == options["kissgp"] == {"grid_size": 7}
+    assert options["osvgp"] == {"num_inducing": 9}
+    defaults = _model_options(build_parser().parse_args(["bo"]))
+    assert defaults == {"wiski": {}, "kissgp": {}, "osvgp": {}}

@@ -82,6 +82,9 @@ def _common(parser: argparse.ArgumentParser, default_q: int, default_init: int) 
     parser.add_argument(
         "--grid-size", type=_positive_int, default=None, help="WISKI/KISS-GP grid per dim"
     )
+    parser.add_argument(
+        "--num-inducing", type=_positive_int, default=None, help="O-SVGP inducing points"
+    )
     parser.add_argument("--num-restarts", type=_positive_int, default=10)
     parser.add_argument("--raw-samples", type=_positive_int, default=512)
     parser.add_argument("--batch-limit", type=_positive_int, default=5)
@@ -106,7 +109,8 @@ def _acquisition_options(args: argparse.Namespace) -> AcquisitionOptions:
 
 def _model_options(args: argparse.Namespace) -> dict[str, dict]:
     grid = {} if args.grid_size is None else {"grid_size": args.grid_size}
-    return {"wiski": dict(grid), "kissgp": dict(grid)}
+    inducing = {} if args.num_inducing is None else {"num_inducing": args.num_inducing}
+    return {"wiski": dict(grid), "kissgp": dict(grid), "osvgp": inducing}
 
 
 def build_parser() -> argparse.ArgumentParser:

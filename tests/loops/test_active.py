@@ -9,6 +9,11 @@ from streamgp.models import WiskiGP
 
 DTYPE = torch.float64
 TINY = AcquisitionOptions(pool_batch_size=64)
+MODEL_OPTIONS = {
+    "wiski": {"grid_size": 12},
+    "kissgp": {"grid_size": 12},
+    "osvgp": {"num_inducing": 16, "update_steps": 3},
+}
 
 
 def data(seed=0, n=120):
@@ -32,16 +37,21 @@ def make_loop(model="wiski", acquisition="qnipv", fixed_noise=True, seed=0):
         num_init=5,
         num_mc_points=32,
         fit_max_iter=5,
-        model_options={"grid_size": 12} if model in ("wiski", "kissgp") else {},
+        model_options=MODEL_OPTIONS.get(model, {}),
         acquisition_options=TINY,
         seed=seed,
     )
 
 
-@pytest.mark.parametrize("model", ["wiski", "kissgp", "exact"])
+@pytest.mark.parametrize("model", ["wiski", "kissgp", "osvgp", "exact"])
 @pytest.mark.parametrize("acquisition", ["qnipv", "maxvar", "random"])
 @pytest.mark.parametrize("fixed_noise", [True, False])
 def test_loop_runs_and_never_repeats_a_point(model, acquisition, fixed_noise):
+    if model == "osvgp" and fixed_noise:
+        # O-SVGP learns a homoskedastic noise; known noise is refused by name.
+        with pytest.raises(ValueError, match="osvgp: known observation noise"):
+            make_loop(model, acquisition, fixed_noise).run(1)
+        return
     loop = make_loop(model, acquisition, fixed_noise)
     history = loop.run(2)
     assert list(history["num_observations"]) == [5, 8, 11]
