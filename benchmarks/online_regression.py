@@ -66,6 +66,9 @@ def main() -> None:
     parser.add_argument("--data-dir", default=None, help="default: $STREAMGP_DATA")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--progress", action="store_true")
+    parser.add_argument(
+        "--resume", action="store_true", help="reuse finished or partial runs' checkpoints"
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
     if args.threads is not None:
@@ -97,6 +100,7 @@ def main() -> None:
             max_stream=args.max_stream,
             config=config,
             out=args.out / "online_regression_runs",
+            resume=args.resume,
             progress=args.progress,
             plots=True,
             device=args.device,

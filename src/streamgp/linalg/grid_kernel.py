@@ -24,11 +24,21 @@ from dataclasses import dataclass
 
 import torch
 from gpytorch.kernels import Kernel, RBFKernel, ScaleKernel
+from linear_operator.utils.errors import NanError
 from torch import Tensor
 
 #: Relative jitter tried first, per dtype; raised 10x per failure, at most 4 times.
 _BASE_JITTER = {torch.float64: 1e-12, torch.float32: 1e-6}
 _MAX_JITTER_TRIES = 5
+
+
+class DegenerateKernelError(torch.linalg.LinAlgError, NanError):
+    r"""A kernel matrix with NaN/Inf entries or a zero diagonal (degenerate hyperparameters).
+
+    It is a ``LinAlgError`` like any failed factorisation, and a ``linear_operator``
+    ``NanError``, which BoTorch's ``fit_gpytorch_mll`` treats as a failed evaluation: an
+    L-BFGS-B line search that tries an overflowing step backs off instead of aborting.
+    """
 
 
 def jittered_cholesky(K: Tensor) -> Tensor:
@@ -56,9 +66,16 @@ def cholesky_with_jitter(K: Tensor, relative_jitter: float | None = None) -> tup
         ``batch x 1 x 1``.
 
     Raises:
+        DegenerateKernelError: If ``K`` has NaN/Inf entries or a zero diagonal.
         torch.linalg.LinAlgError: If ``K`` cannot be factored with the largest jitter.
     """
     scale = K.diagonal(dim1=-2, dim2=-1).mean(-1, keepdim=True).unsqueeze(-1)
+    if not torch.isfinite(K).all() or not (scale > 0).all():
+        # E.g. an outputscale that underflowed to 0 in a line search's trial step.
+        raise DegenerateKernelError(
+            "Kernel matrix has NaN/Inf entries or a zero diagonal; check the kernel "
+            "hyperparameters."
+        )
     eye = torch.eye(K.shape[-1], dtype=K.dtype, device=K.device)
     eps = _BASE_JITTER.get(K.dtype, 1e-6) if relative_jitter is None else relative_jitter
     for _ in range(_MAX_JITTER_TRIES):
