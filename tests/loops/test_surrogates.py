@@ -1,0 +1,45 @@
+"""Surrogates: default kernels against a frozen outcome standardisation."""
+
+import pytest
+import torch
+from botorch.models.utils.gpytorch_modules import get_covar_module_with_dim_scaled_prior
+from gpytorch.kernels import ScaleKernel
+
+from streamgp.loops.surrogates import make_surrogate
+
+DT = torch.float64
+NOISE_SD = 1.0
+
+
+def _data(n, gen, high=1.0):
+    X = high * torch.rand(n, 2, dtype=DT, generator=gen)
+    f = 10 * torch.sin(6 * X[:, :1]) * torch.cos(4 * X[:, 1:])
+    return X, f + NOISE_SD * torch.randn(n, 1, dtype=DT, generator=gen)
+
+
+def _fitted_noise_sd(name, kernel_factory=None):
+    gen = torch.Generator().manual_seed(0)
+    # The initial design sits where the function is nearly flat, so the frozen
+    # standardisation's scale is far below the spread of the later data.
+    X0, Y0 = _data(5, gen, high=0.05)
+    surrogate = make_surrogate(name, X0, Y0, grid_size=12, kernel_factory=kernel_factory)
+    surrogate.update(*_data(100, gen))
+    surrogate.fit()
+    model = surrogate.model
+    return (model.likelihood.noise.sqrt() * model.outcome_transform.stdvs).item(), model
+
+
+@pytest.mark.parametrize("name", ["wiski", "kissgp"])
+def test_grid_surrogates_learn_an_outputscale_and_the_true_noise(name):
+    noise_sd, model = _fitted_noise_sd(name)
+    # KISS-GP wraps the kernel in its SKI kernel.
+    kernel = model.covar_module.base_kernel if name == "kissgp" else model.covar_module
+    assert isinstance(kernel, ScaleKernel)
+    assert kernel.outputscale.item() > 4  # the later data's variance
+    assert 0.7 * NOISE_SD < noise_sd < 1.4 * NOISE_SD
+    # BoTorch's unscaled default kernel (unit signal variance in the frozen units)
+    # explains the excess variance as noise: the failure the scaled default fixes.
+    unscaled_sd, _ = _fitted_noise_sd(
+        name, lambda d: get_covar_module_with_dim_scaled_prior(ard_num_dims=d)
+    )
+    assert unscaled_sd > 3 * NOISE_SD
