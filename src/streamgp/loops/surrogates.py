@@ -40,6 +40,7 @@ from torch import Tensor
 from streamgp.mlls import WoodburyMarginalLogLikelihood
 from streamgp.models import KissGP, OnlineSVGP, WiskiGP
 from streamgp.models.osvgp import FrozenPosterior
+from streamgp.utils.validation import check_count
 
 #: Builds the covariance module for a given input dimension (``None``: the model's default).
 KernelFactory = Callable[[int], Kernel]
@@ -279,9 +280,8 @@ class OnlineSVGPSurrogate(Surrogate):
                 "osvgp: known observation noise (train_Yvar) is not supported; O-SVGP "
                 "learns a homoskedastic Gaussian noise."
             )
-        for name, value in [("num_inducing", num_inducing), ("fit_steps", fit_steps)]:
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}.")
+        check_count(num_inducing, "num_inducing", minimum=1)
+        check_count(fit_steps, "fit_steps", minimum=1)
         super().__init__(train_X, train_Y, kernel_factory=kernel_factory)
         self.fit_steps = fit_steps
         dim = train_X.shape[-1]

@@ -81,6 +81,7 @@ from streamgp.models.frozen_transforms import (
 from streamgp.utils.optimization import PersistentOptimizerMixin
 from streamgp.utils.validation import (
     check_conditioning_data,
+    check_count,
     check_targets,
     check_tensor,
 )
@@ -263,8 +264,7 @@ class OnlineSVGP(PersistentOptimizerMixin, Model, FantasizeMixin):
             ("num_init_steps", num_init_steps),
             ("num_inducing", num_inducing),
         ]:
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"{name} must be a non-negative int, got {value!r}.")
+            check_count(value, name)
         if inducing_selector is not None:
             if not callable(getattr(inducing_selector, "update", None)):
                 raise TypeError("inducing_selector must have an update(X) -> Tensor method.")
@@ -566,7 +566,7 @@ class OnlineSVGP(PersistentOptimizerMixin, Model, FantasizeMixin):
         check_targets(check_tensor(Y, "Y", like=X, min_dim=2), "Y", len(X))
         if not self.is_gaussian:
             _check_binary(Y, "Y")
-        num_steps = self.num_steps if num_steps is None else _check_num_steps(num_steps)
+        num_steps = self.num_steps if num_steps is None else check_count(num_steps, "num_steps")
         if len(X) == 0:
             return self
         X_t, Y_t, _ = transform_new_data(self, X, Y)
@@ -595,7 +595,7 @@ class OnlineSVGP(PersistentOptimizerMixin, Model, FantasizeMixin):
             >>> model = model.refine(20)  # 20 more steps on the constructor's batch
         """
         self._check_not_conditioned("refine")
-        num_steps = _check_num_steps(num_steps)
+        num_steps = check_count(num_steps, "num_steps")
         if self.last_batch is None:
             raise RuntimeError("refine needs an absorbed batch; observe data first.")
         self._guarded(lambda: self._optimize(*self.last_batch, num_steps))
@@ -712,9 +712,3 @@ def _check_likelihood(likelihood: object) -> None:
 def _check_binary(Y: Tensor, name: str) -> None:
     if not ((Y == 0) | (Y == 1)).all():
         raise ValueError(f"{name} must contain only 0/1 labels for a BernoulliLikelihood.")
-
-
-def _check_num_steps(num_steps: object) -> int:
-    if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 0:
-        raise ValueError(f"num_steps must be a non-negative int, got {num_steps!r}.")
-    return num_steps

@@ -63,6 +63,14 @@ def check_positive(value: Tensor, name: str) -> Tensor:
     return value
 
 
+def check_count(value: object, name: str, minimum: int = 0) -> int:
+    r"""Check that ``value`` is an int (not a bool) of at least ``minimum`` (0 or 1)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        kind = "positive" if minimum == 1 else "non-negative"
+        raise ValueError(f"{name} must be a {kind} int, got {value!r}.")
+    return value
+
+
 def check_targets(Y: Tensor, name: str, num_points: int, batch_ok: bool = False) -> Tensor:
     r"""Check a ``... x n x 1`` target tensor against ``num_points`` rows."""
     if Y.dim() < 2 or Y.shape[-1] != 1:
