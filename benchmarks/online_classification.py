@@ -44,6 +44,7 @@ def main() -> None:
     parser.add_argument("--datasets", default=",".join(DATASETS))
     parser.add_argument("--models", default=",".join(CLASSIFICATION_MODELS))
     parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--first-trial", type=int, default=0, help="seed of the first trial")
     parser.add_argument("--max-stream", type=int, default=None, help="reduced runs only")
     parser.add_argument("--exact-max", type=int, default=5000)
     parser.add_argument("--num-evals", type=int, default=20)
@@ -65,6 +66,7 @@ def main() -> None:
             name=name,
             models=models,
             trials=args.trials,
+            first_trial=args.first_trial,
             num_evals=args.num_evals,
             max_stream=args.max_stream,
             config=config,
@@ -84,6 +86,7 @@ def main() -> None:
                 "datasets": datasets,
                 "models": models,
                 "trials": args.trials,
+                "first_trial": args.first_trial,
                 "max_stream": args.max_stream,
                 "num_evals": args.num_evals,
                 "config": asdict(config),

@@ -55,14 +55,22 @@ def _max_steps(text: str) -> dict[str, int]:
     return caps
 
 
-def _positive_int(text: str) -> int:
+def _int_at_least(text: str, minimum: int, kind: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        value = minimum - 1
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected a {kind} integer, got {text!r}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    return _int_at_least(text, 1, "positive")
+
+
+def _non_negative_int(text: str) -> int:
+    return _int_at_least(text, 0, "non-negative")
 
 
 def _common(parser: argparse.ArgumentParser, default_q: int, default_init: int) -> None:
@@ -162,16 +170,25 @@ def build_parser() -> argparse.ArgumentParser:
         default=["wiski", "exact"],
         help=f"comma-separated, from {','.join(STREAM_MODELS)}",
     )
-    stream.add_argument("--trials", type=_positive_int, default=1, help="seeds 0..trials-1")
+    stream.add_argument("--trials", type=_positive_int, default=1, help="number of trials")
+    stream.add_argument(
+        "--first-trial",
+        type=_non_negative_int,
+        default=0,
+        help="seed of the first trial (add trials to an earlier run)",
+    )
     stream.add_argument("--batch-size", type=_positive_int, default=1, help="points per step")
     stream.add_argument("--max-stream", type=_positive_int, default=None, help="cap the stream")
     stream.add_argument(
         "--exact-max", type=_positive_int, default=5000, help="cap on the exact GP's n (O(n^3))"
     )
     stream.add_argument("--num-evals", type=_positive_int, default=50, help="test evaluations")
-    stream.add_argument("--pretrain-steps", type=int, default=200, help="Adam steps on the 5%%")
-    stream.add_argument("--pretrain-lr", type=float, default=5e-2)
-    stream.add_argument("--lr", type=float, default=5e-3, help="Adam lr of the online steps")
+    preset = "default: the dataset's (streamgp.loops.stream.DATASET_STREAM_SETTINGS)"
+    stream.add_argument(
+        "--pretrain-steps", type=int, default=None, help=f"Adam steps on the 5%%; {preset}"
+    )
+    stream.add_argument("--pretrain-lr", type=float, default=None, help=preset)
+    stream.add_argument("--lr", type=float, default=None, help=f"online Adam lr; {preset}")
     stream.add_argument("--grid-size", type=_positive_int, default=16, help="WISKI grid per dim")
     stream.add_argument("--num-inducing", type=_positive_int, default=256)
     stream.add_argument("--projection", default="auto", choices=["auto", "on", "off"])
@@ -283,10 +300,14 @@ def _stream(args: argparse.Namespace) -> None:
     prefix = "streamgp stream: error:"
     try:
         spec = datasets.get_dataset_spec(args.dataset)
-        config = StreamConfig(
-            pretrain_steps=args.pretrain_steps,
-            pretrain_lr=args.pretrain_lr,
-            lr=args.lr,
+        given = {
+            name: getattr(args, name)
+            for name in ("pretrain_steps", "pretrain_lr", "lr")
+            if getattr(args, name) is not None
+        }
+        config = StreamConfig.for_dataset(
+            spec.name,
+            **given,
             grid_size=args.grid_size,
             num_inducing=args.num_inducing,
             projection=args.projection,
@@ -307,6 +328,7 @@ def _stream(args: argparse.Namespace) -> None:
         name=spec.name,
         models=args.models,
         trials=args.trials,
+        first_trial=args.first_trial,
         batch_size=args.batch_size,
         num_evals=args.num_evals,
         max_stream=args.max_stream,

@@ -352,6 +352,30 @@ def test_experiment_writes_curves_plot_and_summary(tmp_path):
     assert summary["test_rmse_mean"].notna().all() and (summary["time_per_step_s"] > 0).all()
 
 
+def test_first_trial_reproduces_the_later_trials_of_a_longer_run():
+    kwargs = dict(name="synthetic", models=["exact"], num_evals=1, max_stream=5, config=FAST)
+    both = run_stream_experiment(lambda seed: _regression_split(seed=seed), trials=2, **kwargs)
+    second = run_stream_experiment(
+        lambda seed: _regression_split(seed=seed), trials=1, first_trial=1, **kwargs
+    )
+    assert second["trial"].unique().tolist() == [1]
+    expected = both[both["trial"] == 1].reset_index(drop=True)
+    pd.testing.assert_series_equal(second["test_rmse"], expected["test_rmse"])
+    for argument, value in (("trials", 0), ("first_trial", -1), ("first_trial", 1.0)):
+        with pytest.raises(ValueError, match=argument):
+            run_stream_experiment(_regression_split, name="x", **{argument: value})
+
+
+def test_for_dataset_applies_the_dataset_settings_then_the_overrides():
+    elevators = StreamConfig.for_dataset("elevators")
+    assert (elevators.pretrain_steps, elevators.pretrain_lr, elevators.lr) == (1000, 1e-2, 1e-3)
+    assert StreamConfig.for_dataset("elevators", pretrain_steps=5).pretrain_steps == 5
+    assert StreamConfig.for_dataset("protein").pretrain_steps == StreamConfig().pretrain_steps
+    assert StreamConfig.for_dataset("banana") == StreamConfig()
+    with pytest.raises(ValueError, match="lr must be a positive number"):
+        StreamConfig.for_dataset("protein", lr=0)
+
+
 # ---------------------------------------------------------------- shared data
 @pytest.fixture
 def shared_data():
@@ -406,6 +430,29 @@ def test_stream_cli_writes_outputs(shared_data, tmp_path, capsys):
     for name in ("stream_skillcraft.csv", "stream_skillcraft_summary.csv", "stream_skillcraft.png"):
         assert (tmp_path / name).is_file()
     assert "test_nll_mean" in capsys.readouterr().out
+
+
+class _Captured(Exception):
+    pass
+
+
+def test_stream_cli_uses_the_dataset_settings_unless_given(shared_data, monkeypatch):
+    from streamgp.loops import stream
+
+    calls = []
+
+    def capture(*args, **kwargs):
+        calls.append(kwargs)
+        raise _Captured
+
+    monkeypatch.setattr(stream, "run_stream_experiment", capture)
+    base = ["stream", "--dataset", "elevators", "--data-dir", str(shared_data)]
+    for extra in ([], ["--lr", "0.02", "--first-trial", "2"]):
+        with pytest.raises(_Captured):
+            main(base + extra)
+    default, given = (call["config"] for call in calls)
+    assert (default.pretrain_steps, default.lr, calls[0]["first_trial"]) == (1000, 1e-3, 0)
+    assert (given.pretrain_steps, given.lr, calls[1]["first_trial"]) == (1000, 0.02, 2)
 
 
 def test_docstring_examples_run():
