@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from streamgp.loops.stream import evaluations_nearest
+
 
 def compare(curves: pd.DataFrame, reference: str = "wiski") -> pd.DataFrame:
     r"""One row per dataset, trial and exact model: both models' metrics at the cap."""
@@ -29,9 +31,7 @@ def compare(curves: pd.DataFrame, reference: str = "wiski") -> pd.DataFrame:
         ours = frame[frame["model"] == reference]
         for model in sorted(m for m in frame["model"].unique() if m.startswith("exact")):
             last = frame[frame["model"] == model].sort_values("num_observations").iloc[-1]
-            nearest = ours.iloc[
-                (ours["num_observations"] - last["num_observations"]).abs().argmin()
-            ]
+            nearest = evaluations_nearest(ours, int(last["num_observations"])).iloc[0]
             rows.append(
                 {
                     "dataset": dataset,

@@ -27,6 +27,7 @@ from streamgp.loops.stream import (
     classification_metrics,
     dirichlet_probabilities,
     dirichlet_targets,
+    evaluations_nearest,
     regression_metrics,
     run_stream_experiment,
     summarize_stream,
@@ -364,6 +365,28 @@ def test_first_trial_reproduces_the_later_trials_of_a_longer_run():
     for argument, value in (("trials", 0), ("first_trial", -1), ("first_trial", 1.0)):
         with pytest.raises(ValueError, match=argument):
             run_stream_experiment(_regression_split, name="x", **{argument: value})
+
+
+def test_evaluations_nearest_reads_each_run_at_n_or_its_last_evaluation():
+    curves = pd.DataFrame(
+        {
+            "dataset": ["a"] * 7 + ["b"] * 2,
+            "model": ["wiski"] * 4 + ["exact"] * 3 + ["wiski"] * 2,
+            "trial": 0,
+            "num_observations": [100, 150, 190, 300, 100, 120, 150, 100, 400],
+            "test_rmse": [0.5, 0.4, float("nan"), 0.3, 0.6, float("nan"), 0.55, 0.7, 0.2],
+        }
+    )
+    nearest = evaluations_nearest(curves, 200)
+    assert nearest[["dataset", "model"]].values.tolist() == [
+        ["a", "wiski"],
+        ["a", "exact"],
+        ["b", "wiski"],
+    ]
+    # 190 is not evaluated; the exact run stopped at 150; b is nearer 100 than 400.
+    assert nearest["num_observations"].tolist() == [150, 150, 100]
+    with pytest.raises(ValueError, match="num_observations"):
+        evaluations_nearest(curves, -1)
 
 
 def test_for_dataset_applies_the_dataset_settings_then_the_overrides():

@@ -992,6 +992,35 @@ def run_stream_experiment(
     return results
 
 
+def evaluations_nearest(results: pd.DataFrame, num_observations: int) -> pd.DataFrame:
+    r"""Per dataset (if present), model and trial: the test evaluation nearest ``num_observations``.
+
+    Curves are evaluated every few steps, so a comparison "at ``n``" (e.g. at the exact
+    GP's cap) reads each run's evaluation whose ``num_observations`` is closest to
+    ``n``; a run that stopped earlier (a capped exact GP) gives its last evaluation.
+
+    Args:
+        results: Curves of :func:`run_stream_experiment` (possibly several datasets).
+        num_observations: The ``n`` to compare at.
+
+    Returns:
+        One row of ``results`` per run.
+
+    Example:
+        >>> curves = pd.DataFrame({"model": "wiski", "trial": 0,
+        ...     "num_observations": [100, 150, 200], "test_rmse": [0.5, None, 0.4]})
+        >>> evaluations_nearest(curves, 160)["num_observations"].tolist()
+        [200]
+    """
+    check_count(num_observations, "num_observations")
+    metric = "test_rmse" if "test_rmse" in results else "test_accuracy"
+    evaluated = results.dropna(subset=[metric])
+    keys = [key for key in ("dataset", "model", "trial") if key in evaluated]
+    distance = (evaluated["num_observations"] - num_observations).abs()
+    nearest = distance.groupby([evaluated[key] for key in keys], sort=False).idxmin()
+    return evaluated.loc[nearest.to_numpy()].reset_index(drop=True)
+
+
 def summarize_stream(results: pd.DataFrame) -> pd.DataFrame:
     r"""Per model: final test metrics (mean and std over trials) and mean time per step."""
     metrics = [c for c in ("test_rmse", "test_nll", "test_accuracy") if c in results]
@@ -1027,6 +1056,7 @@ __all__ = [
     "classification_metrics",
     "dirichlet_probabilities",
     "dirichlet_targets",
+    "evaluations_nearest",
     "regression_metrics",
     "run_stream_experiment",
     "summarize_stream",
