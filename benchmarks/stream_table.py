@@ -12,8 +12,10 @@ writes, per dataset and model, over trials (mean and sample std):
 - the mean time per streamed step (ms), the number of trials, and whether the runs
   stopped before the dataset's longest ones (``stopped_early``: a capped exact GP).
 
-Outputs: ``<out>/stream_table.csv``, ``.json`` (with the inputs) and ``.md`` (a
-Markdown table: ``mean ± std`` of RMSE / NLL, or accuracy / NLL).
+Outputs: ``<out>/stream_table.csv``, ``.json`` (with the inputs), ``.md`` (a
+Markdown table: ``mean ± std`` of RMSE / NLL, or accuracy / NLL) and, per dataset,
+``stream_<dataset>.png``: the merged curves, mean and band over trials (like the
+paper's Figures 3 and 4).
 
 Usage:
     ``python benchmarks/stream_table.py results/a/online_regression.csv.gz
@@ -29,6 +31,7 @@ from pathlib import Path
 import pandas as pd
 
 from streamgp.loops.stream import STREAM_MODELS, evaluations_nearest
+from streamgp.plotting import plot_stream
 
 RUN = ["dataset", "model", "trial"]
 
@@ -117,6 +120,8 @@ def main() -> None:
     }
     (args.out / "stream_table.json").write_text(json.dumps(payload, indent=2) + "\n")
     (args.out / "stream_table.md").write_text(markdown(summary))
+    for dataset, frame in curves.groupby("dataset", sort=False):
+        plot_stream(frame, args.out / f"stream_{dataset}.png", title=dataset)
     print(markdown(summary))
 
 
