@@ -38,11 +38,11 @@ def test_synthetic_classification_labels():
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: synthetic_regression(0), "n must be an int >= 1"),
-        (lambda: synthetic_regression(5, d=0), "d must be an int >= 1"),
+        (lambda: synthetic_regression(0), "n must be a positive int"),
+        (lambda: synthetic_regression(5, d=0), "d must be a positive int"),
         (lambda: synthetic_regression(5, noise_std=-1.0), "noise_std must be"),
         (lambda: synthetic_classification(5, num_classes=1), "num_classes must be"),
-        (lambda: synthetic_classification(2.5), "n must be an int"),
+        (lambda: synthetic_classification(2.5), "n must be a positive int"),
     ],
 )
 def test_bad_arguments(call, message):

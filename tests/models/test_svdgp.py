@@ -560,9 +560,9 @@ def test_bad_constructor_arguments():
         DecoupledSVGP(X[:0], Y[:0])
     with pytest.raises(TypeError, match="likelihood must be"):
         DecoupledSVGP(X, Y, likelihood=torch.nn.Module())
-    with pytest.raises(ValueError, match="max_covar_basis must be an int >= 1"):
+    with pytest.raises(ValueError, match="max_covar_basis must be a positive int"):
         DecoupledSVGP(X, Y, max_covar_basis=0)
-    with pytest.raises(ValueError, match="kl_columns must be an int >= 1"):
+    with pytest.raises(ValueError, match="kl_columns must be a positive int"):
         DecoupledSVGP(X, Y, kl_columns=0)
     with pytest.raises(ValueError, match="lr must be a positive"):
         DecoupledSVGP(X, Y, lr=-1.0)

@@ -22,13 +22,9 @@ from torch import Tensor
 
 from streamgp.datasets.loaders import TabularData, _check_dtype
 from streamgp.datasets.registry import CLASSIFICATION, REGRESSION
+from streamgp.utils.validation import check_count
 
 SYNTHETIC_LOW, SYNTHETIC_HIGH = 0.0, 10.0
-
-
-def _check_size(n: int, name: str, minimum: int = 1) -> None:
-    if isinstance(n, bool) or not isinstance(n, int) or n < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {n!r}.")
 
 
 def synthetic_function(X: Tensor) -> Tensor:
@@ -66,8 +62,8 @@ def synthetic_regression(
         dtype: Floating dtype of the tensors.
         device: Device of the tensors.
     """
-    _check_size(n, "n")
-    _check_size(d, "d")
+    check_count(n, "n", minimum=1)
+    check_count(d, "d", minimum=1)
     _check_dtype(dtype)
     if not isinstance(noise_std, int | float) or not noise_std >= 0 or math.isinf(noise_std):
         raise ValueError(f"noise_std must be a finite number >= 0, got {noise_std!r}.")
@@ -105,8 +101,8 @@ def synthetic_classification(
         dtype: Floating dtype of ``X``.
         device: Device of the tensors.
     """
-    _check_size(n, "n")
-    _check_size(num_classes, "num_classes", minimum=2)
+    check_count(n, "n", minimum=1)
+    check_count(num_classes, "num_classes", minimum=2)
     _check_dtype(dtype)
     generator = torch.Generator().manual_seed(seed)
     X = SYNTHETIC_LOW + (SYNTHETIC_HIGH - SYNTHETIC_LOW) * torch.rand(

@@ -131,8 +131,7 @@ def dirichlet_targets(
         >>> torch.allclose(s2[0], torch.tensor([math.log(1 + 1 / 1.01), math.log(101.0)]))
         True
     """
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
-        raise ValueError(f"num_classes must be an int >= 2, got {num_classes!r}.")
+    check_count(num_classes, "num_classes", minimum=2)
     if not isinstance(alpha_epsilon, (int, float)) or not alpha_epsilon > 0:
         raise ValueError(f"alpha_epsilon must be a positive number, got {alpha_epsilon!r}.")
     if not isinstance(labels, Tensor) or labels.dim() != 1:
@@ -236,24 +235,14 @@ class StreamConfig:
                 raise ValueError(f"{name} must be a positive number, got {value!r}.")
         if not isinstance(self.grid_margin, (int, float)) or self.grid_margin < 0:
             raise ValueError(f"grid_margin must be >= 0, got {self.grid_margin!r}.")
-        if self.svdgp_kl_columns is not None and (
-            isinstance(self.svdgp_kl_columns, bool)
-            or not isinstance(self.svdgp_kl_columns, int)
-            or self.svdgp_kl_columns < 1
-        ):
-            raise ValueError(
-                f"svdgp_kl_columns must be a positive int or None, got {self.svdgp_kl_columns!r}."
-            )
+        check_count(self.svdgp_kl_columns, "svdgp_kl_columns", minimum=1, allow_none=True)
         if self.inducing not in ("default", "oips"):
             raise ValueError(f"inducing must be 'default' or 'oips', got {self.inducing!r}.")
         if not isinstance(self.oips_rho, (int, float)) or not 0 < self.oips_rho < 1:
             raise ValueError(f"oips_rho must be in (0, 1), got {self.oips_rho!r}.")
         if self.projection not in ("auto", "on", "off"):
             raise ValueError(f"projection must be 'auto', 'on' or 'off', got {self.projection!r}.")
-        if self.exact_max is not None and (
-            isinstance(self.exact_max, bool) or not isinstance(self.exact_max, int)
-        ):
-            raise ValueError(f"exact_max must be an int or None, got {self.exact_max!r}.")
+        check_count(self.exact_max, "exact_max", minimum=1, allow_none=True)
         if not 0 <= self.local_w_gen < 1:
             raise ValueError(f"local_w_gen must be in [0, 1), got {self.local_w_gen!r}.")
 
@@ -816,14 +805,10 @@ class StreamingLoop(Loop):
                 f"model {model!r} has no classification variant; choose from "
                 f"{list(CLASSIFICATION_MODELS)}."
             )
-        for name, value in [("batch_size", batch_size), ("num_evals", num_evals)]:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}.")
-        for name, value in [("eval_every", eval_every), ("max_stream", max_stream)]:
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 1
-            ):
-                raise ValueError(f"{name} must be a positive int or None, got {value!r}.")
+        check_count(batch_size, "batch_size", minimum=1)
+        check_count(num_evals, "num_evals", minimum=1)
+        check_count(eval_every, "eval_every", minimum=1, allow_none=True)
+        check_count(max_stream, "max_stream", minimum=1, allow_none=True)
         config = StreamConfig() if config is None else config
         if not isinstance(config, StreamConfig):
             raise TypeError(f"config must be a StreamConfig, got {type(config).__name__}.")

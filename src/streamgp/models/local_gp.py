@@ -59,7 +59,7 @@ from streamgp.models.frozen_transforms import (
     fit_frozen_transforms,
     transform_new_data,
 )
-from streamgp.utils.validation import check_targets, check_tensor
+from streamgp.utils.validation import check_count, check_targets, check_tensor
 
 
 class LocalGP(Model):
@@ -117,9 +117,8 @@ class LocalGP(Model):
         )
         if not isinstance(w_gen, (int, float)) or not 0 <= w_gen < 1:
             raise ValueError(f"w_gen must be a number in [0, 1), got {w_gen!r}.")
-        for name, value in [("n_max", n_max), ("num_nearest", num_nearest)]:
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}.")
+        check_count(n_max, "n_max", minimum=1)
+        check_count(num_nearest, "num_nearest", minimum=1)
         if likelihood is not None and (
             not isinstance(likelihood, GaussianLikelihood)
             or isinstance(likelihood, FixedNoiseGaussianLikelihood)

@@ -34,7 +34,7 @@ import torch
 from gpytorch.kernels import Kernel
 from torch import Tensor, nn
 
-from streamgp.utils.validation import check_tensor
+from streamgp.utils.validation import check_count, check_tensor
 
 
 class LearnedProjection(nn.Module):
@@ -56,9 +56,8 @@ class LearnedProjection(nn.Module):
     """
 
     def __init__(self, input_dim: int, output_dim: int = 2) -> None:
-        for name, value in [("input_dim", input_dim), ("output_dim", output_dim)]:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}.")
+        check_count(input_dim, "input_dim", minimum=1)
+        check_count(output_dim, "output_dim", minimum=1)
         super().__init__()
         self.input_dim = input_dim
         self.output_dim = output_dim

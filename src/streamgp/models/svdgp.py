@@ -73,6 +73,7 @@ from streamgp.models.osvgp import _check_binary, _check_likelihood
 from streamgp.utils.optimization import PersistentOptimizerMixin
 from streamgp.utils.validation import (
     check_conditioning_data,
+    check_count,
     check_targets,
     check_tensor,
 )
@@ -204,7 +205,7 @@ class DecoupledSVGP(PersistentOptimizerMixin, Model, FantasizeMixin):
             ("num_steps", num_steps, 0),
             ("num_init_steps", num_init_steps, 0),
         ]:
-            _check_int(value, name, low)
+            check_count(value, name, low)
         for name, basis, cap in [
             ("mean_basis", mean_basis, max_mean_basis),
             ("covar_basis", covar_basis, max_covar_basis),
@@ -518,7 +519,7 @@ class DecoupledSVGP(PersistentOptimizerMixin, Model, FantasizeMixin):
             _check_binary(Y, "Y")
         if num_steps is None:
             num_steps = self.num_steps
-        _check_int(num_steps, "num_steps", 0)
+        check_count(num_steps, "num_steps")
         if len(X) == 0:
             return self
         X_t, Y_t, _ = transform_new_data(self, X, Y)
@@ -673,8 +674,3 @@ class DecoupledSVGP(PersistentOptimizerMixin, Model, FantasizeMixin):
         }
         new._conditioning = (X_t, y, noise_q)
         return new
-
-
-def _check_int(value: object, name: str, low: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}.")

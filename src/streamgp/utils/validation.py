@@ -63,11 +63,14 @@ def check_positive(value: Tensor, name: str) -> Tensor:
     return value
 
 
-def check_count(value: object, name: str, minimum: int = 0) -> int:
-    r"""Check that ``value`` is an int (not a bool) of at least ``minimum`` (0 or 1)."""
+def check_count(value: object, name: str, minimum: int = 0, allow_none: bool = False) -> int | None:
+    r"""Check that ``value`` is an int (not a bool) of at least ``minimum`` (or ``None``)."""
+    if allow_none and value is None:
+        return None
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        kind = "positive" if minimum == 1 else "non-negative"
-        raise ValueError(f"{name} must be a {kind} int, got {value!r}.")
+        kind = {0: "a non-negative int", 1: "a positive int"}.get(minimum, f"an int >= {minimum}")
+        kind += " or None" if allow_none else ""
+        raise ValueError(f"{name} must be {kind}, got {value!r}.")
     return value
 
 
