@@ -4,9 +4,10 @@ The exact GPs of the online-regression protocol stop at ``--exact-max`` observat
 so the comparison the issue's target asks for (WISKI's final RMSE and NLL against the
 incremental exact GP's where the exact GP fits) is made at that ``n``: for each
 dataset, trial and exact model, WISKI's evaluation nearest to the exact model's last
-one. Reads the curves written by ``online_regression.py`` (``.csv`` or ``.csv.gz``)
-and writes ``<out>/compare_at_cap.csv`` and ``.json`` (per dataset and exact model:
-mean and std over trials of both models' RMSE and NLL and WISKI's relative gaps).
+one. Reads the curves written by ``online_regression.py`` (``.csv`` or ``.csv.gz``;
+a later file's run of a dataset, model and trial replaces an earlier one's) and
+writes ``<out>/compare_at_cap.csv`` and ``.json`` (per dataset and exact model: mean
+and std over trials of both models' RMSE and NLL and WISKI's relative gaps).
 
 Usage:
     ``python benchmarks/compare_at_cap.py results/online_regression_trials/online_regression.csv``
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from streamgp.loops.stream import evaluations_nearest
+from streamgp.loops.stream import evaluations_nearest, merge_runs
 
 
 def compare(curves: pd.DataFrame, reference: str = "wiski") -> pd.DataFrame:
@@ -57,7 +58,7 @@ def main() -> None:
     parser.add_argument("curves", nargs="+", type=Path, help="online_regression.csv[.gz] files")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
-    table = compare(pd.concat([pd.read_csv(path) for path in args.curves], ignore_index=True))
+    table = compare(merge_runs([pd.read_csv(path) for path in args.curves]))
     metrics = ["rmse_exact", "rmse_wiski", "nll_exact", "nll_wiski", "rmse_gap", "nll_gap_nats"]
     summary = table.groupby(["dataset", "exact_model"])[metrics].agg(["mean", "std"])
     summary.columns = [f"{metric}_{stat}" for metric, stat in summary.columns]

@@ -30,20 +30,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from streamgp.loops.stream import STREAM_MODELS, evaluations_nearest
+from streamgp.loops.stream import STREAM_MODELS, evaluations_nearest, merge_runs
 from streamgp.plotting import plot_stream
-
-RUN = ["dataset", "model", "trial"]
-
-
-def merge(curves: list[pd.DataFrame]) -> pd.DataFrame:
-    r"""Concatenate curves; a later frame's run (dataset, model, trial) replaces an earlier's."""
-    kept = []
-    for index, frame in enumerate(curves):
-        kept.append(frame.assign(_source=index))
-    merged = pd.concat(kept, ignore_index=True)
-    latest = merged.groupby(RUN)["_source"].transform("max")
-    return merged[merged["_source"] == latest].drop(columns="_source")
 
 
 def table(curves: pd.DataFrame, at: int) -> pd.DataFrame:
@@ -108,7 +96,7 @@ def main() -> None:
     parser.add_argument("--at", type=int, default=2000, help="compare at this n (exact GPs' cap)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
-    curves = merge([pd.read_csv(path) for path in args.curves])
+    curves = merge_runs([pd.read_csv(path) for path in args.curves])
     summary = table(curves, args.at)
     args.out.mkdir(parents=True, exist_ok=True)
     summary.to_csv(args.out / "stream_table.csv", index=False)

@@ -28,6 +28,7 @@ from streamgp.loops.stream import (
     dirichlet_probabilities,
     dirichlet_targets,
     evaluations_nearest,
+    merge_runs,
     regression_metrics,
     run_stream_experiment,
     summarize_stream,
@@ -387,6 +388,19 @@ def test_evaluations_nearest_reads_each_run_at_n_or_its_last_evaluation():
     assert nearest["num_observations"].tolist() == [150, 150, 100]
     with pytest.raises(ValueError, match="num_observations"):
         evaluations_nearest(curves, -1)
+
+
+def test_merge_runs_keeps_each_run_once_the_latest_given():
+    def curves(model, trials, value):
+        return pd.DataFrame(
+            {"dataset": "a", "model": model, "trial": trials, "step": 0, "test_rmse": value}
+        )
+
+    merged = merge_runs(
+        [curves("wiski", [0, 1], 1.0), curves("exact", [0], 2.0), curves("wiski", [1, 2], 3.0)]
+    )
+    runs = merged.set_index(["model", "trial"])["test_rmse"].sort_index().to_dict()
+    assert runs == {("exact", 0): 2.0, ("wiski", 0): 1.0, ("wiski", 1): 3.0, ("wiski", 2): 3.0}
 
 
 def test_for_dataset_applies_the_dataset_settings_then_the_overrides():

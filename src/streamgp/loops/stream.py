@@ -977,6 +977,26 @@ def run_stream_experiment(
     return results
 
 
+def merge_runs(curves: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    r"""Concatenate curves of several experiments; a later run replaces an earlier one.
+
+    A run is one dataset (if present), model and trial. Long protocols are often run in
+    pieces (``first_trial``, a subset of ``models``) or repeated with other settings;
+    this gives one frame with each run once, the latest given.
+
+    Example:
+        >>> first = pd.DataFrame({"model": ["wiski", "exact"], "trial": 0, "test_rmse": [1.0, 2.0]})
+        >>> again = pd.DataFrame({"model": ["wiski"], "trial": 0, "test_rmse": [0.5]})
+        >>> merge_runs([first, again])[["model", "test_rmse"]].values.tolist()
+        [['exact', 2.0], ['wiski', 0.5]]
+    """
+    frames = [frame.assign(_source=index) for index, frame in enumerate(curves)]
+    merged = pd.concat(frames, ignore_index=True)
+    keys = [key for key in ("dataset", "model", "trial") if key in merged]
+    latest = merged.groupby(keys)["_source"].transform("max")
+    return merged[merged["_source"] == latest].drop(columns="_source").reset_index(drop=True)
+
+
 def evaluations_nearest(results: pd.DataFrame, num_observations: int) -> pd.DataFrame:
     r"""Per dataset (if present), model and trial: the test evaluation nearest ``num_observations``.
 
@@ -1042,6 +1062,7 @@ __all__ = [
     "dirichlet_probabilities",
     "dirichlet_targets",
     "evaluations_nearest",
+    "merge_runs",
     "regression_metrics",
     "run_stream_experiment",
     "summarize_stream",
