@@ -6,8 +6,8 @@ incremental exact GP's where the exact GP fits) is made at that ``n``: for each
 dataset, trial and exact model, WISKI's evaluation nearest to the exact model's last
 one. Reads the curves written by ``online_regression.py`` (``.csv`` or ``.csv.gz``;
 a later file's run of a dataset, model and trial replaces an earlier one's) and
-writes ``<out>/compare_at_cap.csv`` and ``.json`` (per dataset and exact model: mean
-and std over trials of both models' RMSE and NLL and WISKI's relative gaps).
+writes ``<out>/compare_at_cap.csv``, ``.json`` and ``.md`` (per dataset and exact
+model: mean and sample std over trials of both models' RMSE and NLL and WISKI's gaps).
 
 Usage:
     ``python benchmarks/compare_at_cap.py results/online_regression_trials/online_regression.csv``
@@ -53,6 +53,36 @@ def compare(curves: pd.DataFrame, reference: str = "wiski") -> pd.DataFrame:
     return table
 
 
+def markdown(summary: pd.DataFrame) -> str:
+    r"""Markdown rows: both models' RMSE and NLL and WISKI's gaps, ``mean ± std``."""
+
+    def cell(row, column, scale=1.0, digits=3, gap=False, unit=""):
+        mean, std = row[f"{column}_mean"] * scale, row[f"{column}_std"] * scale
+        std = 0.0 if pd.isna(std) else std  # one trial
+        sign = "+" if gap else ""
+        return f"{mean:{sign}.{digits}f}{unit} ± {std:.{digits}f}"
+
+    lines = [
+        "| dataset | exact model | trials | RMSE: exact | WISKI | gap "
+        "| NLL: exact | WISKI | gap (nats) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for _, row in summary.iterrows():
+        cells = [
+            row["dataset"],
+            f"`{row['exact_model']}`",
+            str(row["trials"]),
+            cell(row, "rmse_exact"),
+            cell(row, "rmse_wiski"),
+            cell(row, "rmse_gap", scale=100, digits=1, gap=True, unit="%"),
+            cell(row, "nll_exact"),
+            cell(row, "nll_wiski"),
+            cell(row, "nll_gap_nats", gap=True),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("curves", nargs="+", type=Path, help="online_regression.csv[.gz] files")
@@ -73,6 +103,7 @@ def main() -> None:
         "results": summary.to_dict(orient="records"),
     }
     (args.out / "compare_at_cap.json").write_text(json.dumps(payload, indent=2) + "\n")
+    (args.out / "compare_at_cap.md").write_text(markdown(summary))
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(summary.to_string(index=False, float_format="%.4g"))
 
