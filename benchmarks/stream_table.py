@@ -37,20 +37,19 @@ from streamgp.plotting import plot_stream
 def table(curves: pd.DataFrame, at: int) -> pd.DataFrame:
     r"""Per dataset and model: metrics at ``at`` and at the end (mean, std), ms per step."""
     metrics = [m for m in ("test_rmse", "test_accuracy", "test_nll") if m in curves]
-    at_n = evaluations_nearest(curves, at)
-    end = evaluations_nearest(curves, int(curves["num_observations"].max()))
-    streamed = curves[curves["step"] > 0]
+    key = ["dataset", "model"]
+    at_n = evaluations_nearest(curves, at).groupby(key)
+    end = evaluations_nearest(curves, int(curves["num_observations"].max())).groupby(key)
+    step_ms = 1e3 * curves[curves["step"] > 0].groupby(key)["step_time"].mean()
     rows = []
-    for (dataset, model), runs in at_n.groupby(["dataset", "model"], sort=False):
-        finals = end[(end["dataset"] == dataset) & (end["model"] == model)]
-        steps = streamed[(streamed["dataset"] == dataset) & (streamed["model"] == model)]
+    for (dataset, model), runs in at_n:
         row = {"dataset": dataset, "model": model, "trials": len(runs)}
-        for label, frame in (("at", runs), ("end", finals)):
+        for label, frame in (("at", runs), ("end", end.get_group((dataset, model)))):
             row[f"n_{label}"] = int(frame["num_observations"].median())
             for metric in metrics:
                 row[f"{metric}_{label}_mean"] = frame[metric].mean()
                 row[f"{metric}_{label}_std"] = frame[metric].std() if len(frame) > 1 else 0.0
-        row["ms_per_step"] = 1e3 * steps["step_time"].mean() if len(steps) else float("nan")
+        row["ms_per_step"] = step_ms.get((dataset, model), float("nan"))
         rows.append(row)
     # Datasets in the order first read, models in the protocol's order.
     datasets = list(dict.fromkeys(curves["dataset"]))
