@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 
 import pytest
@@ -206,3 +207,23 @@ def test_bad_inputs_raise_and_leave_model_unchanged():
             LocalGP(X, Y, **kwargs)
     with pytest.raises(TypeError, match="likelihood must be"):
         LocalGP(X, Y, likelihood=torch.nn.Module())
+
+
+def test_pickle_drops_factor_cache_and_predicts_the_same():
+    X, Y = _data(300, d=2)
+    local = LocalGP(X, Y, w_gen=0.9, n_max=64, **_modules(lengthscale=0.1))
+    X_test = torch.rand(5, 2, dtype=DT)
+    with torch.no_grad():
+        before = _joint(local.posterior(X_test))
+    assert local._factors is not None  # cached by the prediction
+    buffer = io.BytesIO()
+    torch.save(local, buffer)
+    factor_bytes = sum(t.numel() * t.element_size() for t in local._factors)
+    assert buffer.tell() < factor_bytes  # the K x n_max x n_max cache is not written
+    buffer.seek(0)
+    restored = torch.load(buffer, weights_only=False)
+    assert restored._factors is None and local._factors is not None
+    with torch.no_grad():
+        after = _joint(restored.posterior(X_test))
+    for a, b in zip(before, after, strict=True):
+        assert torch.allclose(a, b, atol=1e-12)

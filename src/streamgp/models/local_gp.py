@@ -225,6 +225,14 @@ class LocalGP(Model):
         self.local_X, self.local_y, self.counts = local_X, local_y, counts
         self._factors = None
 
+    def __getstate__(self) -> dict:
+        # The Cholesky factors are a cache of K x n_max x n_max numbers (hundreds of MB
+        # with thousands of local models); pickles and checkpoints recompute them instead.
+        state = self.__dict__.copy()
+        state["_factors"] = None
+        state["_hyper_snapshot"] = None
+        return state
+
     def _hyperparameters(self) -> list[Tensor]:
         return [p.detach() for p in self.parameters()]
 
