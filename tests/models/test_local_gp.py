@@ -125,6 +125,34 @@ def test_weighted_prediction_matches_documented_formula():
     assert torch.linalg.eigvalsh(cov).min() > -1e-12
 
 
+def test_top_m_experts_joint_posterior_matches_formula_with_many_local_models():
+    # K > M, so test points share all, some or none of their M local models.
+    X, Y = _data(80, d=1, seed=3)
+    modules = _modules(lengthscale=0.1)
+    local = LocalGP(X, Y, w_gen=0.8, n_max=30, num_nearest=2, **modules)
+    K = local.num_local_models
+    assert K > 3
+    X_test = torch.linspace(-0.1, 1.1, 9, dtype=DT).unsqueeze(-1)
+    kernel = modules["covar_module"]
+    with torch.no_grad():
+        mean, cov = _joint(local.posterior(X_test))
+        w = kernel(X_test, local.centres).to_dense() / kernel.outputscale
+        top = w.topk(2, dim=-1)
+        v = torch.zeros_like(w).scatter(-1, top.indices, top.values / top.values.sum(-1, True))
+        experts = [_exact(*local_data_xy(local, k), modules) for k in range(K)]
+        means, covs = zip(*(_joint(e.posterior(X_test)) for e in experts), strict=True)
+    assert (v > 0).sum(-1).eq(2).all() and (v > 0).any(0).sum() > 2
+    mean_ref = sum(v[:, k] * means[k] for k in range(K))
+    cov_ref = sum(torch.outer(v[:, k].sqrt(), v[:, k].sqrt()) * covs[k] for k in range(K))
+    assert torch.allclose(mean, mean_ref, atol=1e-10)
+    assert torch.allclose(cov, cov_ref, atol=1e-10)
+
+
+def local_data_xy(local: LocalGP, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    X_k, y_k = local.local_data(k)
+    return X_k, y_k.unsqueeze(-1)
+
+
 def test_posterior_batches_and_acquisition():
     X, Y = _data(60, d=2)
     local = LocalGP(X, Y, w_gen=0.6, n_max=15, num_nearest=2, **_modules(lengthscale=0.2))

@@ -31,9 +31,10 @@ weighted average of the local variances, so averaging does not shrink the varian
 and with one local model it is that model's exact posterior covariance.
 
 Cost: an insertion is ``O(d K)`` (similarities to ``K`` centres); local Cholesky
-factors are rebuilt lazily, ``O(n_max^3)`` for each local model that changed. A
-prediction over ``q`` points costs ``O(K q n_max^2)`` (all local models are evaluated
-in one batched computation; weights zero out the ones outside the top ``M``).
+factors are rebuilt lazily, all of them after an insertion (``O(K n_max^3)``). A prediction over
+``q`` points evaluates only each point's top ``M`` local models: ``O(q K d)`` for the
+similarities, ``O(q M n_max^2)`` for the local posteriors and ``O(q^2 M^2 n_max)`` for
+the joint covariance.
 """
 
 from __future__ import annotations
@@ -285,22 +286,26 @@ class LocalGP(Model):
         if self.num_local_models == 0:
             return MultivariateNormal(prior_mean, DenseLinearOperator(K_XX))
         L, alpha = self._local_factors()
-        mask = self._mask()
-        # Normalised weights of the top-M most similar local models, zero elsewhere.
+        # Each point's top-M most similar local models and their normalised weights.
         similarity = self._similarity(X, self.centres)  # batch x q x K
         top, index = similarity.topk(min(self.num_nearest, self.num_local_models), dim=-1)
         total = top.sum(-1, keepdim=True)
         # Far from every centre all similarities underflow: average the top M evenly.
-        top = torch.where(total > 0, top / total.clamp_min(1e-300), 1.0 / top.shape[-1])
-        weights = torch.zeros_like(similarity).scatter(-1, index, top)
-        # Local posteriors, all local models at once: K_Xk is batch x K x q x n_max.
-        K_Xk = self.covar_module(X.unsqueeze(-3), self.local_X).to_dense() * mask.unsqueeze(-2)
-        local_means = prior_mean.unsqueeze(-1) + (K_Xk @ alpha.unsqueeze(-1)).squeeze(-1).mT
+        weights = torch.where(total > 0, top / total.clamp_min(1e-300), 1.0 / top.shape[-1])
+        # Only those models are evaluated: K_Xk[..., i, m, :] = k(x_i, X_k), k = index[i, m].
+        X_points = X[..., None, None, :].expand(*index.shape, 1, X.shape[-1])
+        mask = self._mask()[index]  # batch x q x M x n_max
+        K_Xk = self.covar_module(X_points, self.local_X[index]).to_dense().squeeze(-2) * mask
+        local_means = prior_mean.unsqueeze(-1) + (K_Xk * alpha[index]).sum(-1)
         mean = (weights * local_means).sum(-1)
-        root = weights.clamp_min(0).sqrt()  # batch x q x K
-        V = torch.linalg.solve_triangular(L, K_Xk.mT, upper=False)  # batch x K x n_max x q
-        V = V * root.mT.unsqueeze(-2)
-        covar = (root @ root.mT) * K_XX - (V.mT @ V).sum(-3)
+        V = _solve_selected(L, index, K_Xk)  # L_k^{-1} k(X_k, x_i)
+        # Sigma_ij sums, over the models k that x_i and x_j both use,
+        # sqrt(v_k(x_i) v_k(x_j)) (k(x_i, x_j) - V_ik . V_jk): pairs of slots (m, p).
+        root = weights.clamp_min(0).sqrt()
+        shared = index[..., :, None, :, None] == index[..., None, :, None, :]
+        pair_weights = shared * root[..., :, None, :, None] * root[..., None, :, None, :]
+        inner = torch.einsum("...imn,...jpn->...ijmp", V, V)
+        covar = (pair_weights * (K_XX[..., None, None] - inner)).sum((-2, -1))
         return MultivariateNormal(mean, DenseLinearOperator(covar))
 
     def posterior(
@@ -350,3 +355,21 @@ class LocalGP(Model):
         X_t, Y_t, _ = transform_new_data(self, X, Y)
         self._insert(X_t, Y_t.squeeze(-1))
         return self
+
+
+def _solve_selected(L: Tensor, index: Tensor, rhs: Tensor, chunk: int = 64) -> Tensor:
+    r"""``L[index] ^ {-1} rhs`` for each selected factor, gathering ``chunk`` factors at a time.
+
+    ``L`` is ``K x n x n`` (lower triangular), ``index`` any shape ``S`` of indices into
+    it and ``rhs`` is ``S x n``; gathering all ``S`` factors at once would copy
+    ``prod(S) n^2`` numbers.
+    """
+    flat_index = index.reshape(-1)
+    flat_rhs = rhs.reshape(-1, rhs.shape[-1], 1)
+    solves = [
+        torch.linalg.solve_triangular(
+            L[flat_index[start : start + chunk]], flat_rhs[start : start + chunk], upper=False
+        )
+        for start in range(0, len(flat_index), chunk)
+    ]
+    return torch.cat(solves).reshape(rhs.shape)
