@@ -18,7 +18,10 @@ regression=(
   protein_full protein_trials protein_trials12 protein_osvgp protein_osvgp_trial1
   protein_osvgp_trial2
 )
-classification=(full banana_trials svmguide1_trials svmguide1_exact_trials12)
+classification=(
+  full banana_trials svmguide1_trials svmguide1_exact_trials12
+  svmguide1_exact_projected_trial1 svmguide1_exact_projected_trial2
+)
 
 inputs=()
 for run in "${regression[@]}"; do inputs+=("$R/online_regression_$run/online_regression.csv.gz"); done
