@@ -44,6 +44,12 @@ def _exact(X: torch.Tensor, Y: torch.Tensor, modules: dict) -> SingleTaskGP:
     return model
 
 
+def _local_data(local: LocalGP, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Local model k's data as an exact GP's (n x d, n x 1) training set."""
+    X_k, y_k = local.local_data(k)
+    return X_k, y_k.unsqueeze(-1)
+
+
 def _joint(posterior):
     return posterior.mean.squeeze(-1), posterior.distribution.covariance_matrix
 
@@ -139,18 +145,13 @@ def test_top_m_experts_joint_posterior_matches_formula_with_many_local_models():
         w = kernel(X_test, local.centres).to_dense() / kernel.outputscale
         top = w.topk(2, dim=-1)
         v = torch.zeros_like(w).scatter(-1, top.indices, top.values / top.values.sum(-1, True))
-        experts = [_exact(*local_data_xy(local, k), modules) for k in range(K)]
+        experts = [_exact(*_local_data(local, k), modules) for k in range(K)]
         means, covs = zip(*(_joint(e.posterior(X_test)) for e in experts), strict=True)
     assert (v > 0).sum(-1).eq(2).all() and (v > 0).any(0).sum() > 2
     mean_ref = sum(v[:, k] * means[k] for k in range(K))
     cov_ref = sum(torch.outer(v[:, k].sqrt(), v[:, k].sqrt()) * covs[k] for k in range(K))
     assert torch.allclose(mean, mean_ref, atol=1e-10)
     assert torch.allclose(cov, cov_ref, atol=1e-10)
-
-
-def local_data_xy(local: LocalGP, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    X_k, y_k = local.local_data(k)
-    return X_k, y_k.unsqueeze(-1)
 
 
 def test_posterior_batches_and_acquisition():

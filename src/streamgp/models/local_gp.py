@@ -30,11 +30,12 @@ diagonal ``D_k``, so ``Sigma`` is positive semi-definite (a valid
 weighted average of the local variances, so averaging does not shrink the variance;
 and with one local model it is that model's exact posterior covariance.
 
-Cost: an insertion is ``O(d K)`` (similarities to ``K`` centres); local Cholesky
-factors are rebuilt lazily, all of them after an insertion (``O(K n_max^3)``). A prediction over
-``q`` points evaluates only each point's top ``M`` local models: ``O(q K d)`` for the
-similarities, ``O(q M n_max^2)`` for the local posteriors and ``O(q^2 M^2 n_max)`` for
-the joint covariance.
+Cost: inserting ``q`` points copies the padded store once, ``O(K n_max d)``, then
+costs ``O(K d)`` per point (similarities to ``K`` centres, kept as running sums); local
+Cholesky factors are rebuilt lazily, all of them after an insertion
+(``O(K n_max^3)``). A prediction over ``q`` points evaluates only each point's top
+``M`` local models: ``O(q K d)`` for the similarities, ``O(q M n_max^2)`` for the local
+posteriors and ``O(q^2 M^2 n_max)`` for the joint covariance.
 """
 
 from __future__ import annotations
@@ -167,17 +168,23 @@ class LocalGP(Model):
     @property
     def centres(self) -> Tensor:
         r"""``K x d`` centres: the mean input of each local model (transformed space)."""
-        mask = self._mask().unsqueeze(-1)
-        return (self.local_X * mask).sum(-2) / self.counts.clamp_min(1).unsqueeze(-1)
+        sums = self._input_sums(self.local_X, self.counts)
+        return sums / self.counts.clamp_min(1).unsqueeze(-1)
 
     def local_data(self, k: int) -> tuple[Tensor, Tensor]:
         r"""The (transformed) inputs and targets held by local model ``k``, oldest first."""
         n = int(self.counts[k])
         return self.local_X[k, :n], self.local_y[k, :n]
 
-    def _mask(self) -> Tensor:
-        positions = torch.arange(self.n_max, device=self.counts.device)
-        return (positions < self.counts.unsqueeze(-1)).to(self.local_y.dtype)
+    def _mask(self, counts: Tensor | None = None) -> Tensor:
+        r"""``K x n_max``: 1 where local model ``k`` holds a point (default: the current counts)."""
+        counts = self.counts if counts is None else counts
+        positions = torch.arange(self.n_max, device=counts.device)
+        return (positions < counts.unsqueeze(-1)).to(self.local_y.dtype)
+
+    def _input_sums(self, local_X: Tensor, counts: Tensor) -> Tensor:
+        r"""``K x d`` sums of the inputs each local model holds (centres times counts)."""
+        return (local_X * self._mask(counts).unsqueeze(-1)).sum(-2)
 
     def _set_transformed_inputs(self) -> None:
         # Inputs are transformed when they arrive; no training inputs are stored.
@@ -199,14 +206,12 @@ class LocalGP(Model):
             return
         local_X, local_y, counts = self.local_X.clone(), self.local_y.clone(), self.counts.clone()
         with torch.no_grad():
+            # Running input sums: a point moves one centre, O(d), instead of a recount.
+            sums = self._input_sums(local_X, counts)
             for x, target in zip(X, y, strict=True):
                 k = -1
                 if len(counts):
-                    mask = (torch.arange(self.n_max, device=counts.device) < counts[:, None]).to(
-                        local_y.dtype
-                    )
-                    centres = (local_X * mask[..., None]).sum(-2) / counts[:, None]
-                    similarity = self._similarity(x[None], centres).squeeze(0)
+                    similarity = self._similarity(x[None], sums / counts[:, None]).squeeze(0)
                     best = int(similarity.argmax())
                     if similarity[best] > self.w_gen:
                         k = best
@@ -214,13 +219,16 @@ class LocalGP(Model):
                     local_X = torch.cat([local_X, local_X.new_zeros(1, *local_X.shape[1:])])
                     local_y = torch.cat([local_y, local_y.new_zeros(1, self.n_max)])
                     counts = torch.cat([counts, counts.new_zeros(1)])
+                    sums = torch.cat([sums, sums.new_zeros(1, sums.shape[-1])])
                     k = len(counts) - 1
                 n = int(counts[k])
                 if n == self.n_max:  # full: forget the oldest point
+                    sums[k] -= local_X[k, 0]
                     local_X[k, :-1] = local_X[k, 1:].clone()
                     local_y[k, :-1] = local_y[k, 1:].clone()
                     n -= 1
                 local_X[k, n] = x
+                sums[k] += x
                 local_y[k, n] = target
                 counts[k] = n + 1
         self.local_X, self.local_y, self.counts = local_X, local_y, counts
