@@ -76,11 +76,16 @@ def test_every_paper_function_runs_in_3d(function):
         assert (history["regret"] >= -1e-9).all()
 
 
-def test_wiski_absorbs_batches_without_storing_data():
+def test_wiski_absorbs_batches_without_storing_data(monkeypatch):
+    from streamgp import WiskiGP
+
+    monkeypatch.setattr(WiskiGP, "DATA_SPACE_LIMIT", 8)  # 5 initial points, then 3 per step
     loop = make_loop("wiski")
-    loop.run(2)
+    loop.run(1)
     model = loop.surrogate.model
-    assert model.num_train == 11
+    assert model.in_data_space and model.statistics.count == 8
+    loop.run(2)  # past the limit: the rows are folded into grid statistics and dropped
+    assert not model.in_data_space and model.num_train == 11
     assert not any(t.shape[0] == 11 for t in model.state_dict().values() if t.dim())
 
 
@@ -147,6 +152,7 @@ def test_wiski_loop_runs_under_the_love_switches(monkeypatch, acquisition, q):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(wiski_module, "compress_root", counting_compress_root)
+    monkeypatch.setattr(wiski_module.WiskiGP, "DATA_SPACE_LIMIT", 0)  # LOVE is grid-space
     loop = make_loop("wiski", acquisition, q)
     with gpytorch.settings.fast_pred_var(), gpytorch.settings.fast_pred_samples():
         history = loop.run(2)

@@ -28,6 +28,14 @@ DTYPE = torch.float64
 GRID = {1: 40, 2: 14, 3: 7}
 
 
+@pytest.fixture(autouse=True, params=["data", "grid"])
+def space(request, monkeypatch):
+    """Every test runs twice: in data space (the default while n <= m) and in grid space."""
+    if request.param == "grid":
+        monkeypatch.setattr(WiskiGP, "DATA_SPACE_LIMIT", 0)
+    return request.param
+
+
 def make_data(n: int, d: int, fixed_noise: bool = False):
     X = torch.rand(n, d, dtype=DTYPE)
     Y = torch.sin(5 * X).sum(-1, keepdim=True) + 0.1 * torch.randn(n, 1, dtype=DTYPE)
@@ -126,7 +134,7 @@ def test_observe_and_condition_equal_rebuild(fixed_noise):
         assert rel_err(post.covariance_matrix, ref.covariance_matrix) < 1e-8
     assert streamed.num_train == conditioned.num_train == 60
     # The conditioned model kept the root it started from (shared, not copied).
-    assert conditioned._grid_posterior.root.data_ptr() != streamed._grid_posterior.root.data_ptr()
+    assert _factor(conditioned).data_ptr() != _factor(streamed).data_ptr()
     mll_ref = WoodburyMarginalLogLikelihood(rebuilt.likelihood, rebuilt)()
     for model in (streamed, conditioned):
         mll = WoodburyMarginalLogLikelihood(model.likelihood, model)()
@@ -147,14 +155,24 @@ def test_many_sequential_single_observations_stay_exact():
     assert rel_err(post.covariance_matrix, covar) < 1e-8
 
 
-def test_condition_shares_parent_root():
+def _factor(model: WiskiGP) -> torch.Tensor:
+    """The m x m grid root, or the n x n data-space Cholesky factor."""
+    posterior = model._posterior
+    return posterior.chol if model.in_data_space else posterior.root
+
+
+def test_condition_shares_parent_root(space):
     X, Y, _ = make_data(20, 2)
     model = make_model(2, X, Y)
+    assert model.in_data_space == (space == "data")
     Xf = torch.rand(5, 3, 2, dtype=DTYPE)
     fantasy = model.fantasize(Xf, SobolQMCNormalSampler(torch.Size([4])))
     assert fantasy.batch_shape == torch.Size([4, 5])
-    assert fantasy._grid_posterior.root is model._grid_posterior.root
-    assert fantasy._correction.V.shape == (5, model.interpolation.num_grid, 3)
+    assert _factor(fantasy) is _factor(model)
+    if space == "grid":
+        assert fantasy._correction.V.shape == (5, model.interpolation.num_grid, 3)
+    else:  # an n x q block per batch, never a copy of the n x n factor
+        assert fantasy._correction.U.shape == (5, 20, 3)
 
 
 @pytest.mark.parametrize("fixed_noise", [False, True])

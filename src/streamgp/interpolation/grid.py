@@ -38,6 +38,10 @@ class InterpolationWeights:
     indices: Tensor
     values: Tensor
     num_grid: int
+    #: Optional per-axis 1-D weights whose row-wise Kronecker product is this ``W``
+    #: (first axis slowest); kernels with Kronecker-factored roots use them to work
+    #: with ``d`` small ``N x g_i`` products instead of one ``N x m`` product.
+    axes: tuple[InterpolationWeights, ...] = ()
 
     @property
     def batch_shape(self) -> torch.Size:
@@ -63,6 +67,41 @@ class InterpolationWeights:
         )
         out = torch.sparse.mm(sparse, rhs)
         return out.reshape(*self.batch_shape, self.num_rows, rhs.shape[-1])
+
+    def cat(self, other: InterpolationWeights) -> InterpolationWeights:
+        r"""Rows of ``self`` followed by the rows of ``other`` (batch dims broadcast)."""
+        if other.num_grid != self.num_grid:
+            raise ValueError(
+                f"Cannot stack weights on {self.num_grid} and {other.num_grid} points."
+            )
+        batch = torch.broadcast_shapes(self.batch_shape, other.batch_shape)
+
+        def stack(a: Tensor, b: Tensor) -> Tensor:
+            return torch.cat(
+                [a.expand(*batch, *a.shape[-2:]), b.expand(*batch, *b.shape[-2:])], dim=-2
+            )
+
+        axes = ()
+        if len(self.axes) == len(other.axes):
+            axes = tuple(a.cat(b) for a, b in zip(self.axes, other.axes, strict=True))
+        return InterpolationWeights(
+            stack(self.indices, other.indices),
+            stack(self.values, other.values),
+            self.num_grid,
+            axes,
+        )
+
+    def detach(self) -> InterpolationWeights:
+        r"""The same weights, cut from the graph of the inputs they were computed from."""
+        return InterpolationWeights(
+            self.indices, self.values.detach(), self.num_grid, tuple(a.detach() for a in self.axes)
+        )
+
+    def apply(self, fn) -> InterpolationWeights:
+        r"""Apply a tensor function (``Module._apply``'s) to every tensor."""
+        return InterpolationWeights(
+            fn(self.indices), fn(self.values), self.num_grid, tuple(a.apply(fn) for a in self.axes)
+        )
 
     def dot(self, vec: Tensor) -> Tensor:
         r"""``W @ vec`` for a grid vector ``vec`` of shape ``m`` (gather, no matrix)."""
@@ -222,6 +261,10 @@ class CubicGridInterpolation:
         distances = offset.unsqueeze(-1) - self._NEIGHBOURS.to(offset)
         per_dim_values = self._interpolation._cubic_interpolation_kernel(distances)
         per_dim_indices = base.long().unsqueeze(-1) + self._NEIGHBOURS.to(base.device).long()
+        axes = tuple(
+            InterpolationWeights(per_dim_indices[..., i, :], per_dim_values[..., i, :], g)
+            for i, g in enumerate(self.grid_size)
+        )
         # Tensor product over dimensions, first dimension's neighbour slowest.
         values = per_dim_values[..., 0, :]
         indices = per_dim_indices[..., 0, :] * self._strides[0]
@@ -230,7 +273,7 @@ class CubicGridInterpolation:
             indices = (
                 indices.unsqueeze(-1) + per_dim_indices[..., i, None, :] * self._strides[i]
             ).flatten(-2)
-        return InterpolationWeights(indices, values, self.num_grid)
+        return InterpolationWeights(indices, values, self.num_grid, axes)
 
     def to(self, device: torch.device | None = None, dtype: torch.dtype | None = None):
         r"""Return a copy on another device and/or dtype."""

@@ -27,6 +27,8 @@ from gpytorch.kernels import Kernel, RBFKernel, ScaleKernel
 from linear_operator.utils.errors import NanError
 from torch import Tensor
 
+from streamgp.interpolation.grid import InterpolationWeights
+
 #: Relative jitter tried first, per dtype; raised 10x per failure, at most 4 times.
 _BASE_JITTER = {torch.float64: 1e-12, torch.float32: 1e-6}
 _MAX_JITTER_TRIES = 5
@@ -162,6 +164,58 @@ class GridKernelRoot:
     def to_dense(self) -> Tensor:
         r"""Dense ``m x m`` ``L``."""
         return functools.reduce(torch.kron, self.factors)
+
+    def features(self, weights: InterpolationWeights) -> KernelFeatures:
+        r"""The rows of ``W L`` (``N x m``), kept as Kronecker factors when ``L`` has them.
+
+        With one factor per axis and per-axis weights, row ``i`` of ``W L`` is
+        ``kron_j (w_i^(j))^T L_j``: ``d`` gathers of ``4 x g_j`` values instead of an
+        ``N x m`` matrix. Otherwise it is the sparse product ``W L`` itself.
+        """
+        if len(self.factors) > 1 and len(weights.axes) == len(self.factors):
+            return KernelFeatures(
+                tuple(
+                    (axis.values.unsqueeze(-1) * factor[axis.indices]).sum(-2)
+                    for axis, factor in zip(weights.axes, self.factors, strict=True)
+                )
+            )
+        return KernelFeatures((weights.matmul(self.to_dense()),))
+
+
+@dataclass(frozen=True)
+class KernelFeatures:
+    r"""Rows ``phi(x) = L^T w(x)`` of ``W L`` in Kronecker-factored form.
+
+    The SKI kernel is ``k_SKI(x, x') = w(x)^T L L^T w(x') = phi(x)^T phi(x')``, and for
+    a Kronecker root ``phi(x) = kron_j phi_j(x)``, so
+    ``k_SKI(x, x') = prod_j phi_j(x)^T phi_j(x')``: an ``N x N'`` block costs
+    ``O(N N' sum_j g_j)`` and never an ``m``-sized product.
+
+    Attributes:
+        factors: ``batch x N x g_j`` tensors, one per Kronecker factor of ``L``.
+    """
+
+    factors: tuple[Tensor, ...]
+
+    @property
+    def num_rows(self) -> int:
+        return self.factors[0].shape[-2]
+
+    def cross(self, other: KernelFeatures) -> Tensor:
+        r"""``k_SKI`` between these rows and ``other``'s: ``batch x N x N'``."""
+        out = None
+        for a, b in zip(self.factors, other.factors, strict=True):
+            block = a @ b.mT
+            out = block if out is None else out * block
+        return out
+
+    def diag(self) -> Tensor:
+        r"""``k_SKI(x_i, x_i)`` of every row: ``batch x N``."""
+        out = None
+        for a in self.factors:
+            block = a.square().sum(-1)
+            out = block if out is None else out * block
+        return out
 
 
 def is_separable(covar_module: Kernel) -> bool:

@@ -62,20 +62,21 @@ def _cholesky_C(L_K: GridKernelRoot, A: Tensor) -> Tensor:
     return torch.linalg.cholesky(_matrix_C(L_K, A))
 
 
-class _LogdetMinusQuad(torch.autograd.Function):
-    r"""``f(C, z) = log|C| - z^T C^{-1} z`` for SPD ``C``, with a closed-form gradient.
+class _LogdetPlusQuad(torch.autograd.Function):
+    r"""``f(C, z) = log|C| + sign z^T C^{-1} z`` for SPD ``C``, with a closed-form gradient.
 
-    ``df/dC = C^{-1} + u u^T`` and ``df/dz = -2 u`` with ``u = C^{-1} z``. One
-    ``cholesky_inverse`` in the backward pass costs about a third of
-    differentiating through the Cholesky factorisation and triangular solve.
+    ``df/dC = C^{-1} - sign u u^T`` and ``df/dz = 2 sign u`` with ``u = C^{-1} z``. One
+    ``cholesky_inverse`` in the backward pass costs about a third of differentiating
+    through the Cholesky factorisation and triangular solve.
     """
 
     @staticmethod
-    def forward(ctx, C: Tensor, z: Tensor) -> Tensor:
+    def forward(ctx, C: Tensor, z: Tensor, sign: float) -> Tensor:
         L_C = torch.linalg.cholesky(C)
         u = torch.cholesky_solve(z.unsqueeze(-1), L_C).squeeze(-1)
         ctx.save_for_backward(L_C, u)
-        return 2.0 * L_C.diagonal(dim1=-2, dim2=-1).log().sum(-1) - (z * u).sum(-1)
+        ctx.sign = sign
+        return 2.0 * L_C.diagonal(dim1=-2, dim2=-1).log().sum(-1) + sign * (z * u).sum(-1)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -83,10 +84,19 @@ class _LogdetMinusQuad(torch.autograd.Function):
         grad_C = grad_z = None
         if ctx.needs_input_grad[0]:
             C_inv = torch.cholesky_inverse(L_C)
-            grad_C = grad[..., None, None] * (C_inv + u.unsqueeze(-1) * u.unsqueeze(-2))
+            grad_C = grad[..., None, None] * (C_inv - ctx.sign * u.unsqueeze(-1) * u.unsqueeze(-2))
         if ctx.needs_input_grad[1]:
-            grad_z = -2.0 * grad.unsqueeze(-1) * u
-        return grad_C, grad_z
+            grad_z = 2.0 * ctx.sign * grad.unsqueeze(-1) * u
+        return grad_C, grad_z, None
+
+
+def logdet_plus_quad(C: Tensor, z: Tensor, sign: float = 1.0) -> Tensor:
+    r"""``log|C| + sign * z^T C^{-1} z`` for SPD ``C`` (one Cholesky); differentiable.
+
+    The data-space marginal likelihood uses ``sign = 1`` (``C = K_SKI + Lambda``), the
+    grid-space one ``sign = -1`` (``C = I + L_K^T A L_K``, ``z = L_K^T b``).
+    """
+    return _LogdetPlusQuad.apply(C, z, sign)
 
 
 def factorize(L_K: GridKernelRoot, A: Tensor, b: Tensor) -> GridPosterior:
@@ -115,7 +125,7 @@ def log_marginal_likelihood(
     ``O(m^3)`` time whatever ``n`` is.
     """
     z = L_K.t_matmul(b.unsqueeze(-1)).squeeze(-1)
-    logdet_minus_quad = _LogdetMinusQuad.apply(_matrix_C(L_K, A), z)
+    logdet_minus_quad = logdet_plus_quad(_matrix_C(L_K, A), z, -1.0)
     return -0.5 * (c + logdet_minus_quad + sum_log_noise + n * math.log(2.0 * math.pi))
 
 

@@ -432,20 +432,15 @@ class WiskiLearner(OnlineLearner):
         for c, model in enumerate(self.models):
             y = Y[:, c : c + 1]
             noise = None if Yvar is None else Yvar[:, c : c + 1]
-            # Private WiskiGP helpers: the transforms and the statistics' update rule
-            # live there, and this loss must not duplicate them. Nothing is mutated
-            # except for the duration of the marginal-likelihood evaluation.
+            # The model's own transforms and statistics update rule; nothing is mutated.
             _, y_t, noise_t = model._transform_new_data(features, y, noise)
-            weights = model.interpolation.weights(features)
-            added = model._added_statistics(
-                weights, y_t.squeeze(-1), None if noise_t is None else noise_t.squeeze(-1)
+            statistics = model.training_statistics().add(
+                model.interpolation.weights(features),
+                y_t.squeeze(-1),
+                None if noise_t is None else noise_t.squeeze(-1),
             )
-            old = model._statistics()
-            model._set_statistics(added)
-            try:
-                losses.append(-WoodburyMarginalLogLikelihood(model.likelihood, model)())
-            finally:
-                model._set_statistics(old)
+            mll = WoodburyMarginalLogLikelihood(model.likelihood, model)
+            losses.append(-mll(statistics=statistics))
         return sum(losses)
 
     def step(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> None:

@@ -6,7 +6,9 @@ For a :class:`~streamgp.models.WiskiGP`, ``log p(y | theta)`` of the SKI model
 and ``sum(log Lambda)`` (Stanton et al., AISTATS 2021, eq. 13, in the root form of
 :mod:`streamgp.linalg.woodbury`). Each evaluation costs ``O(m^3)`` whatever ``n``
 is, so hyperparameters can be refit, or stepped once per streamed observation, at
-constant cost.
+constant cost. While the model is in data space (``n`` at most its
+``data_space_limit``), the same value comes from the ``n x n`` SKI kernel matrix in
+``O(n^3)`` (:mod:`streamgp.linalg.data_space`), which is cheaper there.
 """
 
 from __future__ import annotations
@@ -16,8 +18,6 @@ from typing import Any
 from gpytorch.mlls import MarginalLogLikelihood
 from torch import Tensor
 
-from streamgp.linalg.grid_kernel import grid_kernel_root
-from streamgp.linalg.woodbury import log_marginal_likelihood
 
 
 class WoodburyMarginalLogLikelihood(MarginalLogLikelihood):
@@ -41,21 +41,21 @@ class WoodburyMarginalLogLikelihood(MarginalLogLikelihood):
     def __init__(self, likelihood: Any, model: Any) -> None:
         super().__init__(likelihood, model)
 
-    def forward(self, *args: Any, **kwargs: Any) -> Tensor:
-        r"""Evaluate the MLL; positional arguments (output, targets) are ignored."""
+    def forward(self, *args: Any, statistics: Any | None = None, **kwargs: Any) -> Tensor:
+        r"""Evaluate the MLL; positional arguments (output, targets) are ignored.
+
+        Args:
+            statistics: Optional statistics to evaluate instead of the model's own
+                (e.g. ``model.statistics.add(...)`` with differentiable new rows, as in
+                the WISKI paper's eq. 18); default: every observation of the model.
+        """
         model = self.model
-        A, b, c, n, sum_log_noise = model.weighted_statistics()
-        if A.is_sparse:
-            raise ValueError(
-                f"The marginal likelihood needs a dense grid (at most {model.MAX_DENSE_GRID} "
-                f"points); this model's grid has {A.shape[-1]}. Fit the hyperparameters on a "
-                "coarser grid and copy them."
-            )
-        L_K = grid_kernel_root(model.covar_module, model.interpolation.grid)
-        res = log_marginal_likelihood(L_K, A, b, c, n, sum_log_noise)
+        if statistics is None:
+            statistics = model.training_statistics()
+        res = statistics.log_marginal_likelihood(model.kernel_root(), model.noise_variance)
         for _, module, prior, closure, _ in self.named_priors():
             res = res + prior.log_prob(closure(module)).sum()
-        return res / n.clamp_min(1.0)
+        return res / max(statistics.count, 1)
 
     def compute_custom_loss(self, **kwargs: Any) -> Tensor:
         r"""Negative MLL, the loss BoTorch's fitting routines minimise."""

@@ -78,15 +78,13 @@ from linear_operator.operators import (
 from torch import Tensor
 
 from streamgp.interpolation.grid import CubicGridInterpolation, InterpolationWeights
-from streamgp.linalg.grid_kernel import grid_kernel_root, is_separable
+from streamgp.linalg.data_space import DataCorrection, DataPosterior
+from streamgp.linalg.grid_kernel import GridKernelRoot, grid_kernel_root, is_separable
 from streamgp.linalg.love import DEFAULT_TOLERANCE, compress_root
-from streamgp.linalg.structured import (
-    structured_grid_posterior,
-)
+from streamgp.linalg.statistics import DataStatistics, GridStatistics
 from streamgp.linalg.woodbury import (
     GridPosterior,
     LowRankCorrection,
-    factorize,
     fold_low_rank,
     update_root,
 )
@@ -98,6 +96,7 @@ from streamgp.models.frozen_transforms import (
 )
 from streamgp.utils.validation import (
     check_conditioning_data,
+    check_count,
     check_grid_model_data,
     check_new_observations,
     check_tensor,
@@ -150,8 +149,7 @@ def build_grid(
     return interpolation, structured
 
 
-def _invalidate_after_load(module: WiskiGP, incompatible_keys: Any) -> None:
-    module._invalidate()
+_GRID_FIELDS = ("A", "b", "c", "n", "sum_log_noise", "sum_noise")
 
 
 class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
@@ -176,6 +174,10 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
             BoTorch's ``SingleTaskGP`` likelihood. Must be omitted with ``train_Yvar``.
         input_transform: Input transform, fitted on ``train_X`` and then frozen.
         outcome_transform: Outcome transform, fitted on ``train_Y`` and then frozen.
+        data_space_limit: Largest number of observations kept in data space (rows
+            and ``n x n`` matrices); past it they are folded into grid statistics
+            for good. Default: ``min(m, MAX_DENSE_GRID)``, where the two costs cross.
+            0 keeps the model in grid space from the start.
 
     Example:
         >>> from botorch.models.transforms import Normalize, Standardize
@@ -195,6 +197,8 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
     love_tolerance: float = DEFAULT_TOLERANCE
     #: Rows per chunk when accumulating the statistics of the constructor's data.
     STATISTICS_CHUNK = 8192
+    #: Default ``data_space_limit``; None means ``min(m, MAX_DENSE_GRID)``.
+    DATA_SPACE_LIMIT: int | None = None
 
     def __init__(
         self,
@@ -208,6 +212,7 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         likelihood: GaussianLikelihood | None = None,
         input_transform: InputTransform | None = None,
         outcome_transform: OutcomeTransform | None = None,
+        data_space_limit: int | None = None,
     ) -> None:
         check_grid_model_data(train_X, train_Y, train_Yvar, likelihood)
         super().__init__()
@@ -237,94 +242,144 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
             ).to(**tkwargs)
 
         m = self.interpolation.num_grid
-        empty_A = (
-            torch.sparse_coo_tensor(
-                torch.zeros(2, 0, dtype=torch.long), [], (m, m), check_invariants=False, **tkwargs
-            )
-            if self.structured
-            else torch.zeros(m, m, **tkwargs)
-        )
-        for name, value in [
-            ("stat_A", empty_A),
-            ("stat_b", torch.zeros(m, **tkwargs)),
-            ("stat_c", torch.zeros((), **tkwargs)),
-            ("stat_n", torch.zeros((), **tkwargs)),
-            ("stat_sum_log_noise", torch.zeros((), **tkwargs)),
-            ("stat_sum_noise", torch.zeros((), **tkwargs)),
-        ]:
-            self.register_buffer(name, value)
-        self.register_load_state_dict_post_hook(_invalidate_after_load)
+        if data_space_limit is None:
+            data_space_limit = self.DATA_SPACE_LIMIT
+        if data_space_limit is None:
+            data_space_limit = min(m, self.MAX_DENSE_GRID)
+        self.data_space_limit = check_count(data_space_limit, "data_space_limit", minimum=0)
         self._clear_caches()
-        # Large initial data sets are absorbed in chunks to bound memory.
         y_all = train_Y.squeeze(-1)
         noise_all = None if train_Yvar is None else train_Yvar.squeeze(-1)
-        for start in range(0, len(train_X), self.STATISTICS_CHUNK):
-            rows = slice(start, start + self.STATISTICS_CHUNK)
-            weights = self.interpolation.weights(transformed_X[rows])
-            noise = None if noise_all is None else noise_all[rows]
-            self._set_statistics(self._added_statistics(weights, y_all[rows], noise))
+        if len(train_X) <= self.data_space_limit:
+            statistics = DataStatistics.empty(self.interpolation.grid_size, y_all, self.fixed_noise)
+            statistics = statistics.add(self.interpolation.weights(transformed_X), y_all, noise_all)
+        else:  # large initial data sets are absorbed in chunks to bound memory
+            statistics = GridStatistics.empty(m, y_all, self.fixed_noise, sparse=self.structured)
+            for start in range(0, len(train_X), self.STATISTICS_CHUNK):
+                rows = slice(start, start + self.STATISTICS_CHUNK)
+                noise = None if noise_all is None else noise_all[rows]
+                weights = self.interpolation.weights(transformed_X[rows])
+                statistics = statistics.add(weights, y_all[rows], noise)
+        self._set_statistics(statistics)
 
     # ------------------------------------------------------------------ state
     def _clear_caches(self) -> None:
         self._invalidate()
-        self._correction: LowRankCorrection | None = None
+        self._correction: LowRankCorrection | DataCorrection | None = None
         # Transformed (X, y, noise) of each conditioning, for replay after a
         # hyperparameter change and for folding; O(Q), not O(n).
         self._conditioning_log: list[tuple[Tensor, Tensor, Tensor]] = []
 
     def _invalidate(self) -> None:
         r"""Drop derived factors; the next prediction rebuilds them from the statistics."""
-        self._grid_posterior: GridPosterior | None = None
+        self._posterior: GridPosterior | DataPosterior | None = None
         self._hyper_snapshot: list[Tensor] | None = None
         # (exact grid posterior it was derived from, tolerance, LOVE grid posterior)
         self._love_cache: tuple[GridPosterior, float, GridPosterior] | None = None
 
     def _apply(self, fn, *args, **kwargs):
-        # Device/dtype moves: statistics are buffers; the grid and caches follow.
+        # Device/dtype moves: the statistics, the grid and the caches follow.
         super()._apply(fn, *args, **kwargs)
+        self._statistics = self._statistics.apply(fn)
         self.interpolation = self.interpolation.to(
-            device=self.stat_b.device, dtype=self.stat_b.dtype
+            device=self._statistics.device, dtype=self._statistics.dtype
         )
         self._invalidate()
         return self
 
-    def _statistics(self) -> dict[str, Tensor]:
-        return {
-            k: getattr(self, f"stat_{k}")
-            for k in ("A", "b", "c", "n", "sum_log_noise", "sum_noise")
-        }
+    @property
+    def statistics(self) -> DataStatistics | GridStatistics:
+        r"""What the model keeps of its observations (not of conditioning).
 
-    def _set_statistics(self, stats: dict[str, Tensor]) -> None:
-        for key, value in stats.items():
-            setattr(self, f"stat_{key}", value)
-        if self.fixed_noise and stats["n"] > 0:
-            self.likelihood.noise = (stats["sum_noise"] / stats["n"]).reshape(1)
+        :class:`~streamgp.linalg.statistics.DataStatistics` (the rows) while at most
+        ``data_space_limit`` observations were absorbed, then
+        :class:`~streamgp.linalg.statistics.GridStatistics` (``W^T W, W^T y, ...``).
+        """
+        return self._statistics
 
-    def _added_statistics(
-        self, weights: InterpolationWeights, y: Tensor, noise: Tensor | None
-    ) -> dict[str, Tensor]:
-        r"""Statistics after adding rows ``(W, y, noise)``; returns new tensors."""
-        stats = self._statistics()
-        if noise is None:  # homoskedastic: raw sums, divided by s2 when used
-            precision = torch.ones_like(y)
-            log_noise = torch.zeros((), dtype=y.dtype, device=y.device)
-            noise_sum = log_noise
-        else:
-            precision = noise.reciprocal()
-            log_noise = noise.log().sum()
-            noise_sum = noise.sum()
-        if self.structured:
-            new_A = (stats["A"] + weights.weighted_gram(precision, sparse=True)).coalesce()
-        else:
-            new_A = stats["A"] + weights.weighted_gram(precision)
-        return {
-            "A": new_A,
-            "b": stats["b"] + weights.t_matvec(precision * y),
-            "c": stats["c"] + (precision * y * y).sum(),
-            "n": stats["n"] + y.numel(),
-            "sum_log_noise": stats["sum_log_noise"] + log_noise,
-            "sum_noise": stats["sum_noise"] + noise_sum,
-        }
+    @property
+    def in_data_space(self) -> bool:
+        r"""True while the model keeps its rows and works with ``n x n`` matrices."""
+        return isinstance(self._statistics, DataStatistics)
+
+    def _set_statistics(self, statistics: DataStatistics | GridStatistics) -> None:
+        self._statistics = statistics
+        if self.fixed_noise and statistics.count > 0:
+            self.likelihood.noise = (statistics.sum_noise / statistics.count).reshape(1)
+
+    def _statistics_tensors(self) -> dict[str, Tensor]:
+        r"""The statistics as named tensors (``state_dict`` entries under ``statistics.``)."""
+        stats = self._statistics
+        if isinstance(stats, GridStatistics):
+            return {name: getattr(stats, name) for name in _GRID_FIELDS}
+        weights = stats.weights
+        tensors = {"indices": weights.indices, "values": weights.values, "y": stats.y}
+        for j, axis in enumerate(weights.axes):
+            tensors[f"axis{j}_indices"], tensors[f"axis{j}_values"] = axis.indices, axis.values
+        if stats.noise is not None:
+            tensors["noise"] = stats.noise
+        return tensors
+
+    def _statistics_from_tensors(
+        self, tensors: dict[str, Tensor]
+    ) -> DataStatistics | GridStatistics:
+        device, dtype = self._statistics.device, self._statistics.dtype
+
+        def get(name: str) -> Tensor:
+            value = tensors[name].to(device=device)
+            return value.to(dtype) if value.is_floating_point() else value
+
+        if "y" in tensors:
+            saved_fixed_noise = "noise" in tensors
+        else:  # grid statistics carry noise sums only with fixed noise
+            saved_fixed_noise = bool(tensors["sum_noise"] != 0) or (
+                self.fixed_noise and not bool(tensors["n"] > 0)
+            )
+        if saved_fixed_noise != self.fixed_noise:
+            raise ValueError(
+                "its statistics' noise model (fixed or learned) differs from this model's."
+            )
+        if "y" not in tensors:
+            return GridStatistics(**{f: get(f) for f in _GRID_FIELDS}, fixed_noise=self.fixed_noise)
+        interp = self.interpolation
+        axes = tuple(
+            InterpolationWeights(get(f"axis{j}_indices"), get(f"axis{j}_values"), g)
+            for j, g in enumerate(interp.grid_size)
+            if f"axis{j}_indices" in tensors
+        )
+        weights = InterpolationWeights(get("indices"), get("values"), interp.num_grid, axes)
+        return DataStatistics(weights, get("y"), get("noise") if self.fixed_noise else None)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        for name, value in self._statistics_tensors().items():
+            destination[f"{prefix}statistics.{name}"] = value if keep_vars else value.detach()
+
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
+        # The statistics change size with the data (rows in data space), so they are not
+        # buffers; they are taken out here and the rest is loaded as usual.
+        key = f"{prefix}statistics."
+        tensors = {k[len(key) :]: state_dict.pop(k) for k in list(state_dict) if k.startswith(key)}
+        legacy = f"{prefix}stat_"  # checkpoints written before data space existed
+        tensors.update(
+            {k[len(legacy) :]: state_dict.pop(k) for k in list(state_dict) if k.startswith(legacy)}
+        )
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+        if not tensors:
+            if strict:
+                missing_keys.append(f"{key}*")
+            return
+        try:
+            statistics = self._statistics_from_tensors(tensors)
+        except (KeyError, ValueError) as error:
+            error_msgs.append(f"WiskiGP statistics: {error}")
+            return
+        self._clear_caches()
+        self._set_statistics(statistics)
 
     @property
     def noise_variance(self) -> Tensor:
@@ -341,76 +396,88 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         return noise
 
     def weighted_statistics(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        r"""Noise-weighted ``(A, b, c, n, sum(log noise))``; differentiable in the noise.
+        r"""Grid-space noise-weighted ``(A, b, c, n, sum(log noise))``; differentiable in the noise.
 
-        Includes data absorbed by ``condition_on_observations`` (unbatched only).
+        Includes data absorbed by ``condition_on_observations`` (unbatched only). In data
+        space they are computed from the rows (``O(n 16^d)``), without switching space.
         """
         self._fold_conditioning()
-        return self._noise_weighted()
+        return self._statistics.to_grid().weighted(self.noise_variance)
 
-    def _noise_weighted(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """The stored statistics weighted by the noise (the root model's data only)."""
-        s = self._statistics()
-        if self.fixed_noise:  # stored already weighted by 1 / Yvar
-            return s["A"], s["b"], s["c"], s["n"], s["sum_log_noise"]
-        s2 = self.noise_variance
-        return s["A"] / s2, s["b"] / s2, s["c"] / s2, s["n"], s["n"] * s2.log()
+    def training_statistics(self) -> DataStatistics | GridStatistics:
+        r"""The statistics of every observation, conditioning included (unbatched only)."""
+        self._fold_conditioning()
+        return self._statistics
+
+    def kernel_root(self) -> GridKernelRoot:
+        r"""Root ``L_K`` of ``K_UU`` at the current hyperparameters (differentiable)."""
+        return grid_kernel_root(self.covar_module, self.interpolation.grid)
 
     @property
     def num_train(self) -> int:
         r"""Number of observations absorbed so far (including conditioning)."""
         extra = sum(entry[0].shape[-2] for entry in self._conditioning_log)
-        return int(self.stat_n.item()) + extra
+        return self._statistics.count + extra
 
     def _hyperparameters(self) -> list[Tensor]:
         return list(self.parameters())
 
     def _caches_valid(self) -> bool:
-        if self._grid_posterior is None or self._hyper_snapshot is None:
+        if self._posterior is None or self._hyper_snapshot is None:
             return False
         current = self._hyperparameters()
         return len(current) == len(self._hyper_snapshot) and all(
             torch.equal(a, b) for a, b in zip(current, self._hyper_snapshot, strict=True)
         )
 
-    def grid_posterior(self) -> GridPosterior:
-        r"""The posterior of the grid values (before any conditioning correction).
+    def exact_posterior(self) -> GridPosterior | DataPosterior:
+        r"""The posterior given the statistics (before any conditioning correction).
 
-        Rebuilt from the sufficient statistics in ``O(m^3)`` when the hyperparameters
-        changed since the last call; otherwise returned from the cache. The cache is
-        detached from the hyperparameters (as gpytorch's ``detach_test_caches``).
+        A :class:`~streamgp.linalg.data_space.DataPosterior` in data space, else the
+        posterior of the grid values. Rebuilt from the statistics (``O(n^3)`` or
+        ``O(m^3)``) when the hyperparameters changed since the last call, otherwise
+        cached. The cache is detached from the hyperparameters (as gpytorch's
+        ``detach_test_caches``).
         """
         if not self._caches_valid():
-            log = self._conditioning_log
             with torch.no_grad():
-                A, b, *_ = self._noise_weighted()
-                L_K = grid_kernel_root(self.covar_module, self.interpolation.grid)
-                if self.structured:
-                    self._grid_posterior = structured_grid_posterior(
-                        L_K, A, b, tol=self.love_tolerance
-                    ).posterior
-                else:
-                    self._grid_posterior = factorize(L_K, A, b)
+                self._posterior = self._statistics.posterior(
+                    self.kernel_root(), self.noise_variance, tol=self.love_tolerance
+                )
                 self._hyper_snapshot = [p.detach().clone() for p in self._hyperparameters()]
             # Replay conditioning (keeps gradients w.r.t. the conditioning inputs).
             self._correction = None
-            for X_q, y_q, noise_q in log:
+            for X_q, y_q, noise_q in self._conditioning_log:
                 self._correction = self._current_correction().condition(
-                    self._grid_posterior, self.interpolation.weights(X_q), y_q, noise_q
+                    self._posterior, self.interpolation.weights(X_q), y_q, noise_q
                 )
-        return self._grid_posterior
+        return self._posterior
 
-    def _current_correction(self) -> LowRankCorrection:
-        if self._correction is None:
-            # Rows of V index the root's columns (m, or k for a low-rank root).
-            width = self.interpolation.num_grid
-            if self._grid_posterior is not None:
-                width = self._grid_posterior.root.shape[-1]
-            return LowRankCorrection.empty(width, self.stat_b)
-        return self._correction
+    def grid_posterior(self) -> GridPosterior:
+        r"""The posterior of the grid values (before any conditioning correction).
+
+        In data space it is derived from the rows' grid statistics, ``O(m^3)``, and not
+        cached; in grid space it is :meth:`exact_posterior`.
+        """
+        posterior = self.exact_posterior()
+        if isinstance(posterior, GridPosterior):
+            return posterior
+        with torch.no_grad():
+            grid = self._statistics.to_grid(sparse=self.structured)
+            return grid.posterior(self.kernel_root(), self.noise_variance, tol=self.love_tolerance)
+
+    def _current_correction(self) -> LowRankCorrection | DataCorrection:
+        if self._correction is not None:
+            return self._correction
+        posterior = self._posterior
+        if isinstance(posterior, DataPosterior):
+            return DataCorrection.empty(posterior.whitened)
+        # Rows of V index the root's columns (m, or k for a low-rank root).
+        width = self.interpolation.num_grid if posterior is None else posterior.root.shape[-1]
+        return LowRankCorrection.empty(width, posterior.mean)
 
     def _fold_conditioning(self) -> None:
-        r"""Turn an unbatched conditioned model into a plain root model (exact)."""
+        r"""Turn an unbatched conditioned model into a plain model (exact)."""
         if not self._conditioning_log:
             return
         if len(self.batch_shape) > 0:
@@ -419,16 +486,32 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
                 f"batch shape {tuple(self.batch_shape)} cannot be folded into one set of "
                 "statistics; call observe / the marginal likelihood on the parent model."
             )
-        posterior = self.grid_posterior()
+        posterior = self.exact_posterior()
         correction = self._current_correction()
+        statistics = self._statistics
+        rows = []
         for X_q, y_q, noise_q in self._conditioning_log:
             weights = self.interpolation.weights(X_q.detach())
-            noise = None if not self.fixed_noise else noise_q.detach()
-            self._set_statistics(self._added_statistics(weights, y_q.detach(), noise))
+            rows.append((weights, y_q.detach(), noise_q.detach()))
+            noise = noise_q.detach() if self.fixed_noise else None
+            statistics = statistics.add(weights, y_q.detach(), noise)
         with torch.no_grad():
-            self._grid_posterior = fold_low_rank(posterior, correction.V, correction.gamma)
+            if isinstance(posterior, GridPosterior):
+                posterior = fold_low_rank(posterior, correction.V, correction.gamma)
+            else:
+                for weights, y_q, noise_q in rows:
+                    posterior = posterior.update(weights, y_q, noise_q)
+        self._posterior = posterior
         self._correction = None
         self._conditioning_log = []
+        self._switch_space_if_needed(statistics)
+
+    def _switch_space_if_needed(self, statistics: DataStatistics | GridStatistics) -> None:
+        r"""Set the statistics, folding data-space rows into grid statistics past the limit."""
+        if isinstance(statistics, DataStatistics) and statistics.count > self.data_space_limit:
+            statistics = statistics.to_grid(sparse=self.structured)
+            self._invalidate()  # the next prediction factorises in grid space, O(m^3)
+        self._set_statistics(statistics)
 
     # ------------------------------------------------------------ BoTorch API
     def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True, **kwargs: Any):
@@ -459,7 +542,13 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         return transform_new_data(self, X, Y, Yvar)
 
     def _check_inputs(self, X: Tensor, name: str, min_dim: int = 2) -> None:
-        check_tensor(X, name, like=self.stat_b, min_dim=min_dim, last_dim=self.interpolation.dim)
+        check_tensor(
+            X,
+            name,
+            like=self.interpolation.bounds,
+            min_dim=min_dim,
+            last_dim=self.interpolation.dim,
+        )
 
     def love_grid_posterior(self) -> GridPosterior | None:
         r"""The grid posterior with a rank-``k`` LOVE root, or None for the exact path.
@@ -469,8 +558,8 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         a conditioning correction: the Nystrom root of ``R R^T`` of the rank that
         meets ``love_tolerance``, cached until the exact posterior is replaced.
         """
-        posterior = self.grid_posterior()
-        if self._correction is not None:
+        posterior = self.exact_posterior()
+        if self._correction is not None or isinstance(posterior, DataPosterior):
             return None
         if self.structured:
             return posterior
@@ -485,7 +574,7 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
 
     def forward(self, X: Tensor) -> MultivariateNormal:
         r"""Posterior of the latent function at already-transformed inputs ``X``."""
-        posterior = self.grid_posterior()
+        posterior = self.exact_posterior()
         weights = self.interpolation.weights(X)
         love = self.love_grid_posterior()
         if love is not None:
@@ -540,7 +629,12 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
             The model itself. On invalid input, raises and leaves the model unchanged.
         """
         check_new_observations(
-            X, Y, Yvar, like=self.stat_b, dim=self.interpolation.dim, fixed_noise=self.fixed_noise
+            X,
+            Y,
+            Yvar,
+            like=self.interpolation.bounds,
+            dim=self.interpolation.dim,
+            fixed_noise=self.fixed_noise,
         )
         X_t, Y_t, Yvar_t = self._transform_new_data(X, Y, Yvar)
         self.interpolation.check_inside(X_t, "X")
@@ -556,16 +650,39 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         y = Y_t.squeeze(-1)
         noise = None if Yvar_t is None else Yvar_t.squeeze(-1)
         with torch.no_grad():
-            new_stats = self._added_statistics(weights, y, noise)
-            if self.structured:  # the LOVE root is rebuilt lazily from the statistics
-                new_posterior = None
-            else:
-                posterior = self.grid_posterior()
-                update_noise = self.noise_variance.expand_as(y) if noise is None else noise
-                new_posterior = update_root(posterior, weights, y, update_noise)
-        self._grid_posterior = new_posterior
-        self._set_statistics(new_stats)
+            statistics = self._statistics.add(weights, y, noise)
+            posterior = self._updated_posterior(weights, y, noise, statistics)
+        self._posterior = posterior
+        self._switch_space_if_needed(statistics)
         return self
+
+    #: A grid-space batch of ``q`` rows is absorbed by the rank-``q`` root update while
+    #: ``q <= ROOT_UPDATE_MAX_FRACTION * m``; larger batches refactorise from the
+    #: statistics, which is then cheaper (both are exact).
+    ROOT_UPDATE_MAX_FRACTION = 0.1
+
+    def _updated_posterior(
+        self,
+        weights: InterpolationWeights,
+        y: Tensor,
+        noise: Tensor | None,
+        statistics: DataStatistics | GridStatistics,
+    ) -> GridPosterior | DataPosterior | None:
+        r"""The cached posterior after adding rows, or None to rebuild it lazily."""
+        if not self._caches_valid():
+            return None
+        posterior = self._posterior
+        update_noise = self.noise_variance.expand_as(y) if noise is None else noise
+        if isinstance(posterior, DataPosterior):
+            if statistics.count > self.data_space_limit:
+                return None  # the model is about to switch to grid space
+            return posterior.update(weights, y, update_noise)
+        if (
+            self.structured
+            or y.shape[-1] > self.ROOT_UPDATE_MAX_FRACTION * posterior.root.shape[-1]
+        ):
+            return None
+        return update_root(posterior, weights, y, update_noise)
 
     def condition_on_observations(
         self, X: Tensor, Y: Tensor, noise: Tensor | None = None, **kwargs: Any
@@ -588,10 +705,12 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         Returns:
             A ``WiskiGP`` with batch shape ``sample_shape + broadcast(batch, model.batch)``.
         """
-        check_conditioning_data(X, Y, noise, like=self.stat_b, dim=self.interpolation.dim)
+        check_conditioning_data(
+            X, Y, noise, like=self.interpolation.bounds, dim=self.interpolation.dim
+        )
         X_t, Y_t, _ = self._transform_new_data(X, Y)
         self.interpolation.check_inside(X_t, "X")
-        posterior = self.grid_posterior()
+        posterior = self.exact_posterior()
         y = Y_t.squeeze(-1)
         if noise is None:
             noise_q = self.noise_variance.detach().expand(X.shape[:-1])

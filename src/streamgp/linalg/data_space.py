@@ -1,0 +1,178 @@
+r"""Exact SKI inference in data space, for while ``n`` is small.
+
+SKI is exactly a Gaussian process with kernel ``K_SKI = W K_UU W^T``. While the number
+of observations ``n`` is below the number of grid points ``m``, its posterior and
+marginal likelihood are cheapest in data space: everything is ``n x n`` and the kernel
+block between two sets of points is ``Phi_1 Phi_2^T`` with ``Phi = W L_K``
+(:class:`~streamgp.linalg.grid_kernel.KernelFeatures`, Kronecker-factored for separable
+kernels, so an ``n x n`` block costs ``O(n^2 sum_j g_j)``). With
+``B = K_SKI(X, X) + Lambda = L_B L_B^T`` and ``z = L_B^{-1} y``:
+
+- mean at ``x*``: ``u_*^T z`` with ``u_* = L_B^{-1} K_SKI(X, x*)``;
+- covariance: ``K_SKI(x*, x*') - u_*^T u_*'``;
+- ``log p(y) = -1/2 [y^T B^{-1} y + log|B| + n log 2 pi]``, equal to the grid-space
+  formula of :mod:`streamgp.linalg.woodbury` by the matrix determinant lemma.
+
+Absorbing ``q`` rows (:meth:`DataPosterior.update`) extends ``L_B`` by one block row in
+``O(n^2 q)``; conditioning inside acquisition functions (:class:`DataCorrection`)
+keeps the parent's ``L_B`` and adds a batched ``q``-row block, ``O(b n q)`` memory for
+``b`` candidate batches and only a ``Q x Q`` Cholesky, so gradients flow to the
+conditioning inputs. The grid-space statistics follow from the same rows when ``n``
+grows past ``m`` (:class:`~streamgp.linalg.statistics.DataStatistics`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from streamgp.interpolation.grid import InterpolationWeights
+from streamgp.linalg.grid_kernel import GridKernelRoot, KernelFeatures
+
+
+def _solve_lower(L: Tensor, rhs: Tensor) -> Tensor:
+    return torch.linalg.solve_triangular(L, rhs, upper=False)
+
+
+@dataclass(frozen=True)
+class DataPosterior:
+    r"""The SKI posterior given ``n`` observations, in data space.
+
+    Attributes:
+        kernel_root: Root ``L_K`` of ``K_UU`` (gives the features of new points).
+        features: Kernel features of the ``n`` observed inputs.
+        chol: ``n x n`` Cholesky factor ``L_B`` of ``K_SKI(X, X) + Lambda``.
+        whitened: ``L_B^{-1} y`` (``n``).
+    """
+
+    kernel_root: GridKernelRoot
+    features: KernelFeatures
+    chol: Tensor
+    whitened: Tensor
+
+    @staticmethod
+    def build(
+        kernel_root: GridKernelRoot, weights: InterpolationWeights, y: Tensor, noise: Tensor
+    ) -> DataPosterior:
+        r"""Factorise ``K_SKI + diag(noise)`` for rows ``weights`` in ``O(n^3)``."""
+        features = kernel_root.features(weights)
+        B = features.cross(features) + torch.diag_embed(noise)
+        chol = torch.linalg.cholesky(B)
+        whitened = _solve_lower(chol, y.unsqueeze(-1)).squeeze(-1)
+        return DataPosterior(kernel_root, features, chol, whitened)
+
+    def whiten(self, features: KernelFeatures) -> Tensor:
+        r"""``U = L_B^{-1} K_SKI(X, X_*)`` (``batch x n x t``) for the rows ``features``."""
+        cross = self.features.cross(features)  # batch x n x t
+        chol = self.chol.expand(*cross.shape[:-2], *self.chol.shape)
+        return _solve_lower(chol, cross)
+
+    def update(self, weights: InterpolationWeights, y: Tensor, noise: Tensor) -> DataPosterior:
+        r"""Absorb ``q`` unbatched rows by extending ``L_B`` with one block row, ``O(n^2 q)``."""
+        new = self.kernel_root.features(weights)
+        U = self.whiten(new)  # n x q
+        S = new.cross(new) + torch.diag_embed(noise) - U.mT @ U
+        L_qq = torch.linalg.cholesky(S)
+        z_q = _solve_lower(L_qq, (y - U.mT @ self.whitened).unsqueeze(-1)).squeeze(-1)
+        n, q = self.chol.shape[-1], L_qq.shape[-1]
+        chol = self.chol.new_zeros(n + q, n + q)
+        chol[:n, :n] = self.chol
+        chol[n:, :n] = U.mT
+        chol[n:, n:] = L_qq
+        features = KernelFeatures(
+            tuple(
+                torch.cat([a, b], dim=-2)
+                for a, b in zip(self.features.factors, new.factors, strict=True)
+            )
+        )
+        return DataPosterior(self.kernel_root, features, chol, torch.cat([self.whitened, z_q]))
+
+    def predict(
+        self, weights: InterpolationWeights
+    ) -> tuple[Tensor, Tensor, Tensor, KernelFeatures]:
+        r"""Mean and covariance at ``batch x t`` points, with the whitened cross-covariance.
+
+        Returns:
+            ``mean`` (``batch x t``), ``covar`` (``batch x t x t``), ``U``
+            (``batch x n x t``, see :meth:`whiten`) and the points' features.
+        """
+        features = self.kernel_root.features(weights)
+        U = self.whiten(features)
+        mean = (U.mT @ self.whitened.unsqueeze(-1)).squeeze(-1)
+        covar = features.cross(features) - U.mT @ U
+        return mean, covar, U, features
+
+
+@dataclass(frozen=True)
+class DataCorrection:
+    r"""Conditioning of a :class:`DataPosterior` on ``Q`` more (possibly batched) rows.
+
+    The extended Cholesky factor is ``[[L_B, 0], [U^T, L_S]]`` with
+    ``U = L_B^{-1} K_SKI(X, X_c)`` (``batch x n x Q``) and
+    ``L_S L_S^T = K_SKI(X_c, X_c) + Lambda_c - U^T U``; the parent's ``L_B`` is shared,
+    never copied per batch. Every conditioning recomputes the ``Q``-row block from
+    the stored rows, so gradients reach all conditioning inputs.
+
+    Attributes:
+        weights: Interpolation rows of the ``Q`` conditioning points (``batch x Q``),
+            or None for no conditioning.
+        y: ``sample x batch x Q`` targets; noise: ``batch x Q`` noise variances.
+        features, U, chol, gamma: Their kernel features, ``U``, ``L_S`` and
+            ``gamma = L_S^{-1} (y - U^T z)``.
+    """
+
+    weights: InterpolationWeights | None
+    y: Tensor
+    noise: Tensor
+    features: KernelFeatures | None
+    U: Tensor
+    chol: Tensor
+    gamma: Tensor
+
+    @staticmethod
+    def empty(like: Tensor) -> DataCorrection:
+        zeros = like.new_zeros(0)
+        return DataCorrection(None, zeros, zeros, None, zeros, zeros, zeros)
+
+    @property
+    def rank(self) -> int:
+        return self.gamma.shape[-1]
+
+    def condition(
+        self, posterior: DataPosterior, W_q: InterpolationWeights, y: Tensor, noise: Tensor
+    ) -> DataCorrection:
+        r"""Condition on ``q`` more rows (``W_q``: ``batch x q``; ``y``: ``sample x batch x q``)."""
+        noise = noise.expand(W_q.indices.shape[:-1])
+        if self.weights is not None:
+            W_q = self.weights.cat(W_q)
+            batch = W_q.batch_shape
+            noise = torch.cat(
+                [self.noise.expand(*batch, self.noise.shape[-1]), noise.expand(*batch, -1)], -1
+            )
+            sample_batch = torch.broadcast_shapes(self.y.shape[:-1], y.shape[:-1])
+            y = torch.cat(
+                [self.y.expand(*sample_batch, self.y.shape[-1]), y.expand(*sample_batch, -1)], -1
+            )
+        features = posterior.kernel_root.features(W_q)
+        U = posterior.whiten(features)
+        S = features.cross(features) + torch.diag_embed(noise) - U.mT @ U
+        chol = torch.linalg.cholesky(S)
+        residual = y - (U.mT @ posterior.whitened.unsqueeze(-1)).squeeze(-1)
+        gamma = _solve_lower(chol, residual.unsqueeze(-1)).squeeze(-1)
+        return DataCorrection(W_q, y, noise, features, U, chol, gamma)
+
+    def predict(
+        self, posterior: DataPosterior, W_star: InterpolationWeights
+    ) -> tuple[Tensor, Tensor]:
+        r"""Joint mean (``sample x batch x t``) and covariance (``batch x t x t``)."""
+        mean, covar, U_star, features = posterior.predict(W_star)
+        if self.features is None:
+            return mean, covar
+        # Whitened cross-covariance with the conditioning rows: L_S^{-1} (K_c* - U^T U_*).
+        cross = self.features.cross(features) - self.U.mT @ U_star
+        chol = self.chol.expand(*cross.shape[:-2], *self.chol.shape[-2:])
+        V = _solve_lower(chol, cross)  # batch x Q x t
+        mean = mean + (V.mT @ self.gamma.unsqueeze(-1)).squeeze(-1)
+        return mean, covar - V.mT @ V

@@ -1,0 +1,271 @@
+r"""What an SKI model keeps of its observations: grid-space or data-space statistics.
+
+Both classes offer one interface, so a model holds either and never asks which:
+
+- ``add(weights, y, noise)``: a new object that also holds ``q`` more rows;
+- ``log_marginal_likelihood(kernel_root, noise_variance)``: exact SKI ``log p(y)``,
+  differentiable in the hyperparameters;
+- ``posterior(kernel_root, noise_variance)``: the exact posterior (a
+  :class:`~streamgp.linalg.woodbury.GridPosterior` or a
+  :class:`~streamgp.linalg.data_space.DataPosterior`);
+- ``to_grid()``: the grid-space statistics of the same rows.
+
+:class:`GridStatistics` holds ``A = W^T Lambda^{-1} W``, ``b = W^T Lambda^{-1} y``,
+``c = y^T Lambda^{-1} y``, ``n`` and the noise sums (for homoskedastic noise the raw
+sums, divided by the noise variance when used): its size and every cost are
+independent of ``n`` (``O(m^3)`` per likelihood or factorisation).
+:class:`DataStatistics` keeps the rows themselves (``O(n 4^d)`` memory) and works with
+``n x n`` matrices (:mod:`streamgp.linalg.data_space`), which is cheaper while
+``n < m``. A model folds its data statistics into grid statistics when ``n`` passes a
+switch point, so memory stays ``O(m 4^d)`` at every ``n``; the likelihood and the
+posterior are the same on both sides (they are exact SKI in both).
+
+``weights`` is anything with the interpolation-weights interface
+(:class:`~streamgp.interpolation.grid.InterpolationWeights`: ``weighted_gram``,
+``t_matvec`` and kernel features through the kernel root).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+
+import torch
+from torch import Tensor
+
+from streamgp.interpolation.grid import InterpolationWeights
+from streamgp.linalg.data_space import DataPosterior
+from streamgp.linalg.grid_kernel import GridKernelRoot
+from streamgp.linalg.love import DEFAULT_TOLERANCE
+from streamgp.linalg.structured import structured_grid_posterior
+from streamgp.linalg.woodbury import (
+    GridPosterior,
+    factorize,
+    log_marginal_likelihood,
+    logdet_plus_quad,
+)
+
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+def _noise_sums(y: Tensor, noise: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """Row precisions, ``sum(log noise)`` and ``sum(noise)`` (unit precision without noise)."""
+    if noise is None:
+        zero = torch.zeros((), dtype=y.dtype, device=y.device)
+        return torch.ones_like(y), zero, zero
+    return noise.reciprocal(), noise.log().sum(), noise.sum()
+
+
+@dataclass(frozen=True)
+class GridStatistics:
+    r"""Grid-space sufficient statistics, independent of ``n`` in size.
+
+    Attributes:
+        A: ``m x m`` ``W^T Lambda^{-1} W`` (dense, or sparse COO for large grids).
+        b: ``m`` ``W^T Lambda^{-1} y``; c: ``y^T Lambda^{-1} y``; n: the count.
+        sum_log_noise, sum_noise: ``sum(log lambda_i)`` and ``sum(lambda_i)``
+            (zero without fixed noise).
+        fixed_noise: True when rows carry their own noise (then ``A, b, c`` are
+            weighted by it); False for homoskedastic noise (raw sums).
+    """
+
+    A: Tensor
+    b: Tensor
+    c: Tensor
+    n: Tensor
+    sum_log_noise: Tensor
+    sum_noise: Tensor
+    fixed_noise: bool
+
+    @staticmethod
+    def empty(num_grid: int, like: Tensor, fixed_noise: bool, sparse: bool) -> GridStatistics:
+        tkwargs = {"dtype": like.dtype, "device": like.device}
+        if sparse:
+            index = torch.zeros(2, 0, dtype=torch.long, device=like.device)
+            A = torch.sparse_coo_tensor(
+                index, torch.zeros(0, **tkwargs), (num_grid, num_grid), check_invariants=False
+            )
+        else:
+            A = torch.zeros(num_grid, num_grid, **tkwargs)
+        zero = torch.zeros((), **tkwargs)
+        return GridStatistics(
+            A, torch.zeros(num_grid, **tkwargs), zero, zero, zero, zero, fixed_noise
+        )
+
+    @property
+    def count(self) -> int:
+        return int(self.n.item())
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.b.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.b.device
+
+    def add(self, weights: InterpolationWeights, y: Tensor, noise: Tensor | None = None):
+        r"""Statistics after adding rows ``(W, y, noise)`` (unbatched); new tensors."""
+        precision, log_noise, noise_sum = _noise_sums(y, noise if self.fixed_noise else None)
+        if self.A.is_sparse:
+            A = (self.A + weights.weighted_gram(precision, sparse=True)).coalesce()
+        else:
+            A = self.A + weights.weighted_gram(precision)
+        return GridStatistics(
+            A=A,
+            b=self.b + weights.t_matvec(precision * y),
+            c=self.c + (precision * y * y).sum(),
+            n=self.n + y.shape[-1],
+            sum_log_noise=self.sum_log_noise + log_noise,
+            sum_noise=self.sum_noise + noise_sum,
+            fixed_noise=self.fixed_noise,
+        )
+
+    def to_grid(self) -> GridStatistics:
+        return self
+
+    def weighted(self, noise_variance: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        r"""Noise-weighted ``(A, b, c, n, sum(log noise))``; differentiable in the noise.
+
+        ``noise_variance`` (the homoskedastic level) is ignored with fixed noise.
+        """
+        if self.fixed_noise:
+            return self.A, self.b, self.c, self.n, self.sum_log_noise
+        s2 = noise_variance
+        return self.A / s2, self.b / s2, self.c / s2, self.n, self.n * s2.log()
+
+    def log_marginal_likelihood(
+        self, kernel_root: GridKernelRoot, noise_variance: Tensor
+    ) -> Tensor:
+        r"""Exact SKI ``log p(y)`` in ``O(m^3)``, whatever ``n`` is."""
+        if self.A.is_sparse:
+            raise ValueError(
+                f"The grid-space marginal likelihood needs a dense grid; this grid has "
+                f"{self.A.shape[-1]} points. Fit the hyperparameters on a coarser grid, or "
+                "while the model is still in data space, and copy them."
+            )
+        return log_marginal_likelihood(kernel_root, *self.weighted(noise_variance))
+
+    def posterior(
+        self, kernel_root: GridKernelRoot, noise_variance: Tensor, tol: float = DEFAULT_TOLERANCE
+    ) -> GridPosterior:
+        r"""The grid posterior: exact dense root, or a LOVE root for sparse (large) grids."""
+        A, b, *_ = self.weighted(noise_variance)
+        if A.is_sparse:
+            return structured_grid_posterior(kernel_root, A, b, tol=tol).posterior
+        return factorize(kernel_root, A, b)
+
+    def apply(self, fn) -> GridStatistics:
+        r"""Apply a tensor function (``Module._apply``'s) to every tensor."""
+        return replace(
+            self,
+            **{f.name: fn(getattr(self, f.name)) for f in fields(self) if f.name != "fixed_noise"},
+        )
+
+
+@dataclass(frozen=True)
+class DataStatistics:
+    r"""The observed rows themselves, for exact SKI in data space while ``n`` is small.
+
+    Attributes:
+        weights: Interpolation rows ``W`` of the ``n`` observations.
+        y: ``n`` targets (outcome-transformed).
+        noise: ``n`` fixed noise variances, or None for homoskedastic noise.
+    """
+
+    weights: InterpolationWeights
+    y: Tensor
+    noise: Tensor | None
+
+    @staticmethod
+    def empty(grid_size: list[int], like: Tensor, fixed_noise: bool) -> DataStatistics:
+        r"""No rows yet, on a grid with ``grid_size[j]`` points along axis ``j``."""
+
+        def no_rows(num_grid: int, k: int) -> InterpolationWeights:
+            index = torch.zeros(0, k, dtype=torch.long, device=like.device)
+            return InterpolationWeights(index, like.new_zeros(0, k), num_grid)
+
+        full = no_rows(math.prod(grid_size), 4 ** len(grid_size))
+        axes = tuple(no_rows(g, 4) for g in grid_size)
+        weights = InterpolationWeights(full.indices, full.values, full.num_grid, axes)
+        return DataStatistics(
+            weights, like.new_zeros(0), like.new_zeros(0) if fixed_noise else None
+        )
+
+    @property
+    def fixed_noise(self) -> bool:
+        return self.noise is not None
+
+    @property
+    def count(self) -> int:
+        return self.y.shape[-1]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.y.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.y.device
+
+    @property
+    def n(self) -> Tensor:
+        return torch.tensor(float(self.count), dtype=self.y.dtype, device=self.y.device)
+
+    @property
+    def sum_noise(self) -> Tensor:
+        return self.y.new_zeros(()) if self.noise is None else self.noise.sum()
+
+    def add(self, weights: InterpolationWeights, y: Tensor, noise: Tensor | None = None):
+        r"""A new object holding these rows and ``q`` more (unbatched)."""
+        rows = self.weights.cat(weights)
+        new_noise = None
+        if self.fixed_noise:
+            new_noise = torch.cat([self.noise, noise])
+        return DataStatistics(rows, torch.cat([self.y, y]), new_noise)
+
+    def to_grid(self, sparse: bool = False, chunk: int = 8192) -> GridStatistics:
+        r"""The grid-space statistics of the same rows (in chunks of ``chunk`` rows)."""
+        like = self.y
+        stats = GridStatistics.empty(self.weights.num_grid, like, self.fixed_noise, sparse)
+        for start in range(0, self.count, chunk):
+            rows = slice(start, start + chunk)
+            weights = InterpolationWeights(
+                self.weights.indices[rows],
+                self.weights.values[rows],
+                self.weights.num_grid,
+                tuple(
+                    InterpolationWeights(a.indices[rows], a.values[rows], a.num_grid)
+                    for a in self.weights.axes
+                ),
+            )
+            stats = stats.add(
+                weights, self.y[rows], None if self.noise is None else self.noise[rows]
+            )
+        return stats
+
+    def row_noise(self, noise_variance: Tensor) -> Tensor:
+        r"""Each row's noise variance (``noise_variance`` for homoskedastic noise)."""
+        return noise_variance.expand_as(self.y) if self.noise is None else self.noise
+
+    def log_marginal_likelihood(
+        self, kernel_root: GridKernelRoot, noise_variance: Tensor
+    ) -> Tensor:
+        r"""Exact SKI ``log p(y)`` in data space: ``O(n^2 sum_j g_j + n^3)``."""
+        features = kernel_root.features(self.weights)
+        B = features.cross(features) + torch.diag_embed(self.row_noise(noise_variance))
+        return -0.5 * (logdet_plus_quad(B, self.y, 1.0) + self.count * _LOG_2PI)
+
+    def posterior(
+        self, kernel_root: GridKernelRoot, noise_variance: Tensor, tol: float = DEFAULT_TOLERANCE
+    ) -> DataPosterior:
+        r"""The exact data-space posterior (``tol`` is unused: nothing is approximated)."""
+        return DataPosterior.build(
+            kernel_root, self.weights, self.y, self.row_noise(noise_variance)
+        )
+
+    def apply(self, fn) -> DataStatistics:
+        r"""Apply a tensor function (``Module._apply``'s) to every tensor."""
+        return DataStatistics(
+            self.weights.apply(fn), fn(self.y), None if self.noise is None else fn(self.noise)
+        )

@@ -1,0 +1,153 @@
+"""Grid-space and data-space statistics: one likelihood, one posterior, across the switch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
+from oracles import DenseSKIModel, rel_err
+
+from streamgp import WiskiGP, WoodburyMarginalLogLikelihood
+from streamgp.interpolation import CubicGridInterpolation
+from streamgp.linalg import grid_kernel_matrix, grid_kernel_root
+from streamgp.linalg.statistics import DataStatistics, GridStatistics
+
+DTYPE = torch.float64
+
+
+def _kernel(kind: str, d: int):
+    base = RBFKernel(ard_num_dims=d) if kind == "rbf" else MaternKernel(nu=2.5, ard_num_dims=d)
+    kernel = ScaleKernel(base).to(DTYPE)
+    kernel.base_kernel.lengthscale = torch.tensor([0.3, 0.5, 0.7][:d], dtype=DTYPE)
+    kernel.outputscale = 1.3
+    return kernel
+
+
+@pytest.mark.parametrize("kind", ["rbf", "matern"])
+@pytest.mark.parametrize("fixed_noise", [False, True])
+@pytest.mark.parametrize("d", [1, 2, 3])
+def test_data_and_grid_likelihoods_and_gradients_agree(kind, fixed_noise, d):
+    interpolation = CubicGridInterpolation(
+        torch.tensor([[0.0] * d, [1.0] * d], dtype=DTYPE), {1: 30, 2: 12, 3: 7}[d]
+    )
+    kernel = _kernel(kind, d)
+    X = torch.rand(25, d, dtype=DTYPE)
+    y = torch.sin(5 * X).sum(-1)
+    noise = 0.01 + 0.05 * torch.rand(25, dtype=DTYPE) if fixed_noise else None
+    s2 = torch.tensor(0.04, dtype=DTYPE, requires_grad=True)
+    weights = interpolation.weights(X)
+    m = interpolation.num_grid
+    data = DataStatistics.empty(interpolation.grid_size, y, fixed_noise).add(weights, y, noise)
+    grid = GridStatistics.empty(m, y, fixed_noise, sparse=False).add(weights, y, noise)
+    torch.testing.assert_close(data.to_grid().A, grid.A, rtol=0, atol=1e-14)
+
+    params = [*kernel.parameters(), s2]
+    values, grads = [], []
+    for stats in (data, grid):
+        value = stats.log_marginal_likelihood(grid_kernel_root(kernel, interpolation.grid), s2)
+        values.append(value)
+        grads.append(torch.autograd.grad(value, params, allow_unused=True))
+    # Oracle: the dense n x n SKI likelihood with K_UU evaluated on all grid points.
+    W = weights.to_dense()
+    B = W @ grid_kernel_matrix(kernel, interpolation.grid) @ W.mT
+    B = B + torch.diag_embed(noise if fixed_noise else s2.expand(25))
+    reference = torch.distributions.MultivariateNormal(torch.zeros_like(y), B).log_prob(y)
+    for value in values:
+        assert abs(value.item() - reference.item()) < 1e-8 * abs(reference.item())
+    for g_data, g_grid in zip(*grads, strict=True):
+        if g_data is None:  # the noise level with fixed noise
+            assert g_grid is None or g_grid.abs().max() == 0
+            continue
+        assert rel_err(g_data, g_grid) < 1e-8
+
+
+def _model(X, Y, Yvar=None, **kwargs):
+    model = WiskiGP(
+        X, Y, Yvar, grid_size=12, covar_module=ScaleKernel(RBFKernel(ard_num_dims=2)), **kwargs
+    )
+    model.covar_module.base_kernel.lengthscale = torch.tensor([0.3, 0.5], dtype=DTYPE)
+    if Yvar is None:
+        model.likelihood.noise = 0.04
+    return model
+
+
+def _mll_without_priors(model):
+    mll = WoodburyMarginalLogLikelihood(model.likelihood, model)
+    priors = sum(p.log_prob(c(m)).sum() for _, m, p, c, _ in mll.named_priors())
+    return mll() - priors / model.num_train
+
+
+@pytest.mark.parametrize("fixed_noise", [False, True])
+def test_predictions_and_likelihood_are_continuous_across_the_switch(fixed_noise):
+    X = torch.rand(60, 2, dtype=DTYPE)
+    Y = torch.sin(5 * X).sum(-1, keepdim=True)
+    Yvar = 0.01 + 0.05 * torch.rand(60, 1, dtype=DTYPE) if fixed_noise else None
+    part = lambda t, sl: None if t is None else t[sl]  # noqa: E731
+    model = _model(X[:20], Y[:20], part(Yvar, slice(20)), data_space_limit=40)
+    assert model.in_data_space
+    Xs = torch.rand(7, 2, dtype=DTYPE)
+    for start in range(20, 60, 10):
+        sl = slice(start, start + 10)
+        model.observe(X[sl], Y[sl], part(Yvar, sl))
+        n = start + 10
+        assert model.in_data_space == (n <= 40)
+        oracle = DenseSKIModel(model, X[:n], Y[:n].squeeze(-1), part(Yvar, slice(n)))
+        if oracle.noise is not None:
+            oracle.noise = oracle.noise.squeeze(-1)
+        mean, covar = oracle.latent(Xs)
+        post = model.posterior(Xs)
+        assert rel_err(post.mean.squeeze(-1), mean) < 1e-8
+        assert rel_err(post.covariance_matrix, covar) < 1e-8
+        value = _mll_without_priors(model)
+        reference = oracle.log_marginal_likelihood() / n
+        assert abs(value.item() - reference.item()) < 1e-8 * abs(reference.item())
+    # Past the switch only grid statistics remain: memory no longer grows with n.
+    assert isinstance(model.statistics, GridStatistics)
+    assert all(t.shape[0] != 60 for t in model.state_dict().values() if t.dim())
+
+
+def test_large_structured_grid_is_exact_in_data_space(monkeypatch):
+    """A grid too large for a dense root still has an exact posterior and an MLL at small n."""
+    monkeypatch.setattr(WiskiGP, "MAX_DENSE_GRID", 100)
+    X = torch.rand(30, 2, dtype=DTYPE)
+    Y = torch.sin(5 * X).sum(-1, keepdim=True)
+    model = _model(X, Y)
+    assert model.structured and model.in_data_space and model.data_space_limit == 100
+    oracle = DenseSKIModel(model, X, Y.squeeze(-1), None)
+    Xs = torch.rand(5, 2, dtype=DTYPE)
+    mean, covar = oracle.latent(Xs)
+    post = model.posterior(Xs)
+    assert rel_err(post.mean.squeeze(-1), mean) < 1e-8
+    assert rel_err(post.covariance_matrix, covar) < 1e-8
+    value = _mll_without_priors(model)
+    assert abs(value.item() - oracle.log_marginal_likelihood().item() / 30) < 1e-10
+    # Past the limit: sparse grid statistics and the LOVE root, as before.
+    Xn = torch.rand(80, 2, dtype=DTYPE)
+    model.observe(Xn, torch.sin(5 * Xn).sum(-1, keepdim=True))
+    assert not model.in_data_space and model.statistics.A.is_sparse
+    assert model.posterior(Xs).variance.min() >= 0
+
+
+@pytest.mark.parametrize("space_limit", [None, 0])
+def test_state_dict_round_trip_keeps_every_row(space_limit):
+    X = torch.rand(30, 2, dtype=DTYPE)
+    Y = torch.sin(5 * X).sum(-1, keepdim=True)
+    Yvar = 0.01 + 0.05 * torch.rand(30, 1, dtype=DTYPE)
+    model = _model(X, Y, Yvar, data_space_limit=space_limit)
+    fresh = _model(X[:1], Y[:1], Yvar[:1], data_space_limit=space_limit)
+    fresh.load_state_dict(model.state_dict())
+    assert fresh.num_train == 30 and fresh.in_data_space == model.in_data_space
+    Xs = torch.rand(5, 2, dtype=DTYPE)
+    torch.testing.assert_close(fresh.posterior(Xs).mean, model.posterior(Xs).mean)
+    torch.testing.assert_close(fresh.likelihood.noise, model.likelihood.noise)
+    # A learned-noise model refuses fixed-noise statistics instead of dropping the noise.
+    learned = _model(X[:1], Y[:1], data_space_limit=space_limit)
+    with pytest.raises(RuntimeError, match="statistics"):
+        learned.load_state_dict(model.state_dict())
+    assert learned.num_train == 1
+
+
+def test_data_space_limit_is_validated():
+    X = torch.rand(5, 2, dtype=DTYPE)
+    with pytest.raises((TypeError, ValueError), match="data_space_limit"):
+        _model(X, X.sum(-1, keepdim=True), data_space_limit=-1)
