@@ -19,7 +19,6 @@ from gpytorch.mlls import MarginalLogLikelihood
 from torch import Tensor
 
 
-
 class WoodburyMarginalLogLikelihood(MarginalLogLikelihood):
     r"""Exact SKI marginal log likelihood of a ``WiskiGP``, divided by ``n``.
 
