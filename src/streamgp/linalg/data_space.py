@@ -89,20 +89,17 @@ class DataPosterior:
         )
         return DataPosterior(self.kernel_root, features, chol, torch.cat([self.whitened, z_q]))
 
-    def predict(
-        self, weights: InterpolationWeights
-    ) -> tuple[Tensor, Tensor, Tensor, KernelFeatures]:
-        r"""Mean and covariance at ``batch x t`` points, with the whitened cross-covariance.
+    def predict(self, weights: InterpolationWeights) -> tuple[Tensor, Tensor, KernelFeatures]:
+        r"""Mean at ``batch x t`` points, their whitened cross-covariance and their features.
 
         Returns:
-            ``mean`` (``batch x t``), ``covar`` (``batch x t x t``), ``U``
-            (``batch x n x t``, see :meth:`whiten`) and the points' features.
+            ``mean`` (``batch x t``), ``U`` (``batch x n x t``, see :meth:`whiten`) and
+            the points' features: the covariance is ``K_SKI(X_*, X_*) - U^T U``.
         """
         features = self.kernel_root.features(weights)
         U = self.whiten(features)
         mean = (U.mT @ self.whitened.unsqueeze(-1)).squeeze(-1)
-        covar = features.cross(features) - U.mT @ U
-        return mean, covar, U, features
+        return mean, U, features
 
 
 @dataclass(frozen=True)
@@ -163,16 +160,22 @@ class DataCorrection:
         gamma = _solve_lower(chol, residual.unsqueeze(-1)).squeeze(-1)
         return DataCorrection(W_q, y, noise, features, U, chol, gamma)
 
-    def predict(
+    def predict_factors(
         self, posterior: DataPosterior, W_star: InterpolationWeights
-    ) -> tuple[Tensor, Tensor]:
-        r"""Joint mean (``sample x batch x t``) and covariance (``batch x t x t``)."""
-        mean, covar, U_star, features = posterior.predict(W_star)
+    ) -> tuple[Tensor, tuple[Tensor, ...], tuple[Tensor, ...]]:
+        r"""Mean (``sample x batch x t``) and the factors of the covariance.
+
+        The covariance is ``prod_f A_f A_f^T - sum_j N_j N_j^T`` with the points'
+        kernel features ``A_f`` and ``N = (U_*^T, V^T)``, ``V`` the whitened
+        cross-covariance with the conditioning rows (see
+        :class:`~streamgp.linalg.posterior_covariance.PosteriorCovariance`).
+        """
+        mean, U_star, features = posterior.predict(W_star)
         if self.features is None:
-            return mean, covar
+            return mean, features.factors, (U_star.mT,)
         # Whitened cross-covariance with the conditioning rows: L_S^{-1} (K_c* - U^T U_*).
         cross = self.features.cross(features) - self.U.mT @ U_star
         chol = self.chol.expand(*cross.shape[:-2], *self.chol.shape[-2:])
         V = _solve_lower(chol, cross)  # batch x Q x t
         mean = mean + (V.mT @ self.gamma.unsqueeze(-1)).squeeze(-1)
-        return mean, covar - V.mT @ V
+        return mean, features.factors, (U_star.mT, V.mT)

@@ -231,6 +231,25 @@ class LowRankCorrection:
         )
         return LowRankCorrection(V=V, gamma=gamma)
 
+    def predict_factors(
+        self, posterior: GridPosterior, W_star: InterpolationWeights
+    ) -> tuple[Tensor, tuple[Tensor, ...], tuple[Tensor, ...]]:
+        r"""Mean and the factors of the covariance at ``batch x t`` test points.
+
+        Returns:
+            ``mean`` (``sample x batch x t``), ``positive = (U_*,)`` and
+            ``negative = (U_* V,)`` (empty without conditioning), with
+            ``U_* = W_* R``: the covariance is ``U_* U_*^T - (U_* V)(U_* V)^T``
+            (see :class:`~streamgp.linalg.posterior_covariance.PosteriorCovariance`).
+        """
+        U_star = W_star.matmul(posterior.root)  # batch x t x m, rows R^T w_*
+        mean = W_star.dot(posterior.mean)
+        if self.rank == 0:
+            return mean, (U_star,), ()
+        UV = U_star @ self.V  # batch x t x Q
+        mean = mean + (UV @ self.gamma.unsqueeze(-1)).squeeze(-1)
+        return mean, (U_star,), (UV,)
+
     def predict(
         self, posterior: GridPosterior, W_star: InterpolationWeights
     ) -> tuple[Tensor, Tensor]:
@@ -240,11 +259,8 @@ class LowRankCorrection:
             ``mean`` of shape ``sample x batch x t`` and ``covariance`` of shape
             ``batch x t x t`` (without sample dims; broadcast by the caller).
         """
-        U_star = W_star.matmul(posterior.root)  # batch x t x m, rows R^T w_*
-        mean = W_star.dot(posterior.mean)
+        mean, (U_star,), negative = self.predict_factors(posterior, W_star)
         covar = U_star @ U_star.mT
-        if self.rank > 0:
-            UV = U_star @ self.V  # batch x t x Q
-            mean = mean + (UV @ self.gamma.unsqueeze(-1)).squeeze(-1)
-            covar = covar - UV @ UV.mT
+        for N in negative:
+            covar = covar - N @ N.mT
         return mean, covar

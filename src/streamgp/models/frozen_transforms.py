@@ -27,6 +27,8 @@ from linear_operator.operators import (
 )
 from torch import Tensor
 
+from streamgp.linalg.posterior_covariance import PosteriorCovariance
+
 
 @contextmanager
 def eval_mode(module: torch.nn.Module | None):
@@ -105,6 +107,20 @@ def assemble_posterior(
             model, mvn, X_t, observation_noise, noise_variance, posterior_transform
         )
     noise = _observation_noise(observation_noise, noise_variance, mvn.mean.shape)
+    outcome_tf = getattr(model, "outcome_transform", None)
+    covar = mvn.lazy_covariance_matrix
+    if isinstance(covar, PosteriorCovariance) and (
+        outcome_tf is None or type(outcome_tf) is Standardize
+    ):
+        # Keep the factors: variances stay O(t) per factor column (no t x t matrix).
+        mean = mvn.mean
+        if noise is not None:
+            covar = covar.with_noise(noise)
+        if outcome_tf is not None:
+            scale = outcome_tf.stdvs.reshape(())
+            mean = outcome_tf.means.reshape(()) + scale * mean
+            covar = covar.scaled(scale.square())
+        return _untransform(MultivariateNormal(mean, covar), X_t, None, posterior_transform)
     if noise is not None:
         covar = mvn.covariance_matrix + torch.diag_embed(noise)
         mvn = MultivariateNormal(mvn.mean, DenseLinearOperator(covar))

@@ -72,7 +72,6 @@ from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihoo
 from gpytorch.models import GP
 from gpytorch.settings import fast_pred_samples, fast_pred_var
 from linear_operator.operators import (
-    DenseLinearOperator,
     RootLinearOperator,
 )
 from torch import Tensor
@@ -81,6 +80,7 @@ from streamgp.interpolation.grid import CubicGridInterpolation, InterpolationWei
 from streamgp.linalg.data_space import DataCorrection, DataPosterior
 from streamgp.linalg.grid_kernel import GridKernelRoot, grid_kernel_root, is_separable
 from streamgp.linalg.love import DEFAULT_TOLERANCE, compress_root
+from streamgp.linalg.posterior_covariance import PosteriorCovariance
 from streamgp.linalg.statistics import DataStatistics, GridStatistics
 from streamgp.linalg.woodbury import (
     GridPosterior,
@@ -581,11 +581,12 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
             # Sparse W_* times the m x k root: t x k, never t x 4^d x m.
             root = weights.matmul(love.root)
             return MultivariateNormal(weights.dot(love.mean), RootLinearOperator(root))
-        mean, covar = self._current_correction().predict(posterior, weights)
-        covar = covar.expand(*mean.shape, mean.shape[-1])
-        # A LinearOperator defers factorisation to whoever needs it (samplers add
-        # jitter as required); a plain tensor would be Cholesky-factored right here.
-        return MultivariateNormal(mean, DenseLinearOperator(covar))
+        mean, positive, negative = self._current_correction().predict_factors(posterior, weights)
+        # Variances from the factors, the dense t x t matrix only when asked for (joint
+        # samples, Cholesky); a LinearOperator also defers factorisation to whoever needs
+        # it (samplers add jitter as required).
+        covar = PosteriorCovariance(positive, negative, batch_shape=mean.shape[:-1])
+        return MultivariateNormal(mean, covar)
 
     def posterior(
         self,
