@@ -151,3 +151,19 @@ def test_data_space_limit_is_validated():
     X = torch.rand(5, 2, dtype=DTYPE)
     with pytest.raises((TypeError, ValueError), match="data_space_limit"):
         _model(X, X.sum(-1, keepdim=True), data_space_limit=-1)
+
+
+def test_large_grid_space_batches_rebuild_from_the_statistics():
+    """A batch above ROOT_UPDATE_MAX_FRACTION * m is absorbed by refactorising: still exact."""
+    X = torch.rand(200, 2, dtype=DTYPE)
+    Y = torch.sin(5 * X).sum(-1, keepdim=True)
+    model = _model(X[:20], Y[:20], data_space_limit=0)
+    model.posterior(X[:2])  # a cached root that a small batch would update
+    assert 180 > WiskiGP.ROOT_UPDATE_MAX_FRACTION * model.interpolation.num_grid
+    model.observe(X[20:], Y[20:])
+    oracle = DenseSKIModel(model, X, Y.squeeze(-1), None)
+    Xs = torch.rand(6, 2, dtype=DTYPE)
+    mean, covar = oracle.latent(Xs)
+    post = model.posterior(Xs)
+    assert rel_err(post.mean.squeeze(-1), mean) < 1e-8
+    assert rel_err(post.covariance_matrix, covar) < 1e-8

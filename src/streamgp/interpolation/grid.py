@@ -141,6 +141,12 @@ class InterpolationWeights:
         out = weights.new_zeros(m, m)
         return out.index_put_((rows, cols), vals, accumulate=True)
 
+    def add_weighted_gram(self, A: Tensor, weights: Tensor) -> Tensor:
+        r"""``A + W^T diag(weights) W`` for a dense ``m x m`` ``A``: one copy of ``A``, no
+        second ``m x m`` matrix (unbatched weights only)."""
+        rows, cols, vals = self._gram_entries(weights)
+        return A.index_put((rows, cols), vals, accumulate=True)
+
     def to_dense(self) -> Tensor:
         r"""Dense ``batch_shape x N x m`` matrix (for tests and small problems only)."""
         out = self.values.new_zeros(*self.indices.shape[:-1], self.num_grid)

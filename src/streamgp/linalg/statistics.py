@@ -110,7 +110,7 @@ class GridStatistics:
         if self.A.is_sparse:
             A = (self.A + weights.weighted_gram(precision, sparse=True)).coalesce()
         else:
-            A = self.A + weights.weighted_gram(precision)
+            A = weights.add_weighted_gram(self.A, precision)
         return GridStatistics(
             A=A,
             b=self.b + weights.t_matvec(precision * y),

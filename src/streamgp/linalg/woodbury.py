@@ -154,7 +154,8 @@ def update_root(
     new_mean = alpha + R @ (U_t.mT @ coef).squeeze(-1)
     P, sigma, _ = torch.linalg.svd(U_t.mT / noise.sqrt(), full_matrices=False)
     shrink = 1.0 - torch.rsqrt(1.0 + sigma * sigma)
-    new_root = R - ((R @ P) * shrink) @ P.mT
+    # One fused pass over the m x m root (a rank-q update is memory-bound).
+    new_root = torch.addmm(R, (R @ P) * shrink, P.mT, alpha=-1.0)
     return GridPosterior(root=new_root, mean=new_mean)
 
 

@@ -660,7 +660,7 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
     #: A grid-space batch of ``q`` rows is absorbed by the rank-``q`` root update while
     #: ``q <= ROOT_UPDATE_MAX_FRACTION * m``; larger batches refactorise from the
     #: statistics, which is then cheaper (both are exact).
-    ROOT_UPDATE_MAX_FRACTION = 0.1
+    ROOT_UPDATE_MAX_FRACTION = 0.25
 
     def _updated_posterior(
         self,
