@@ -42,15 +42,23 @@ from streamgp.utils.machine import machine_info
 def summarize(results: pd.DataFrame, steps: int, window: int) -> dict:
     r"""Per-model timing summary of the BO runs in ``results``."""
     summary = {}
+    trial_column = "trial" if "trial" in results else None
     for model, frame in results.groupby("model"):
         timed = frame[frame["step"] > 0]
+        windows = (timed["step"] - 1) // window
+        per_window = timed.groupby(windows)["step_time"].mean()
         first = timed[timed["step"] <= window]
         last = timed[timed["step"] > steps - window]
         summary[model] = {
             "mean_step_time_first": first["step_time"].mean(),
             "mean_step_time_last": last["step_time"].mean(),
             "last_over_first": last["step_time"].mean() / first["step_time"].mean(),
-            "final_best_value": frame["best_value"].iloc[-1],
+            "mean_step_time_per_window": [float(v) for v in per_window],
+            "final_best_value": (
+                frame.groupby(trial_column)["best_value"].last().tolist()
+                if trial_column
+                else frame["best_value"].iloc[-1]
+            ),
             "initial_observations": int(frame["num_observations"].iloc[0]),
             "final_observations": int(frame["num_observations"].iloc[-1]),
             "fit_time_last": last["fit_time"].mean(),
@@ -61,6 +69,14 @@ def summarize(results: pd.DataFrame, steps: int, window: int) -> dict:
         summary["exact_over_wiski_last"] = (
             summary["exact"]["mean_step_time_last"] / summary["wiski"]["mean_step_time_last"]
         )
+        summary["exact_over_wiski_per_window"] = [
+            e / w
+            for e, w in zip(
+                summary["exact"]["mean_step_time_per_window"],
+                summary["wiski"]["mean_step_time_per_window"],
+                strict=False,
+            )
+        ]
     return summary
 
 
@@ -76,6 +92,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     parser.add_argument("--resume", action="store_true", help="continue from checkpoints")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--trials", type=int, default=1, help="seeds 0 .. trials-1")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
     steps, window = (10, 3) if args.quick else (args.steps, args.window)
@@ -88,6 +105,7 @@ def main() -> None:
             models=[model],
             acquisition="qucb",
             steps=steps,
+            trials=args.trials,
             q=3,
             num_init=args.num_init,
             fit_every=args.fit_every,

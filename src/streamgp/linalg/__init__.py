@@ -1,7 +1,9 @@
-"""Shared numerical kernels: grid kernel roots, grid-space Woodbury algebra, sparse-GP algebra."""
+"""Shared numerical kernels: grid kernel roots, SKI statistics (grid and data space), sparse GPs."""
 
+from streamgp.linalg.data_space import DataCorrection, DataPosterior
 from streamgp.linalg.grid_kernel import (
     GridKernelRoot,
+    KernelFeatures,
     cholesky_with_jitter,
     grid_kernel_factors,
     grid_kernel_matrix,
@@ -16,12 +18,14 @@ from streamgp.linalg.love import (
     lanczos_root,
     sample_with_root,
 )
+from streamgp.linalg.posterior_covariance import PosteriorCovariance
 from streamgp.linalg.sparse_gp import (
     PseudoObservations,
     SparsePosterior,
     sparse_posterior,
     streaming_collapsed_bound,
 )
+from streamgp.linalg.statistics import DataStatistics, GridStatistics
 from streamgp.linalg.woodbury import (
     GridPosterior,
     LowRankCorrection,
@@ -32,6 +36,12 @@ from streamgp.linalg.woodbury import (
 )
 
 __all__ = [
+    "DataCorrection",
+    "DataPosterior",
+    "DataStatistics",
+    "GridStatistics",
+    "KernelFeatures",
+    "PosteriorCovariance",
     "GridKernelRoot",
     "GridPosterior",
     "LanczosRoot",

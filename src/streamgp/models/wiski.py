@@ -304,8 +304,11 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
 
     def _set_statistics(self, statistics: DataStatistics | GridStatistics) -> None:
         self._statistics = statistics
-        if self.fixed_noise and statistics.count > 0:
-            self.likelihood.noise = (statistics.sum_noise / statistics.count).reshape(1)
+        if self.fixed_noise:  # the mean fixed noise (kept as it is while there is no data)
+            n = statistics.n
+            mean = statistics.sum_noise / n.clamp_min(1.0)
+            current = self.likelihood.noise.reshape(())
+            self.likelihood.noise = torch.where(n > 0, mean, current).reshape(1).detach()
 
     def _statistics_tensors(self) -> dict[str, Tensor]:
         r"""The statistics as named tensors (``state_dict`` entries under ``statistics.``)."""
