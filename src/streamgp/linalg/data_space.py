@@ -36,6 +36,19 @@ def _solve_lower(L: Tensor, rhs: Tensor) -> Tensor:
     return torch.linalg.solve_triangular(L, rhs, upper=False)
 
 
+def _solve_shared(L: Tensor, rhs: Tensor) -> Tensor:
+    r"""``L^{-1} rhs`` for one ``n x n`` ``L`` and batched ``rhs`` (``batch x n x t``).
+
+    The batch is moved into the columns, so it is one triangular solve with
+    ``batch * t`` right-hand sides (a level-3 BLAS call) instead of ``batch`` small ones.
+    """
+    if L.dim() > 2 or rhs.dim() == 2:
+        return _solve_lower(L, rhs)
+    n, t, batch = rhs.shape[-2], rhs.shape[-1], rhs.shape[:-2]
+    columns = rhs.movedim(-2, 0).reshape(n, -1)
+    return _solve_lower(L, columns).reshape(n, *batch, t).movedim(0, -2)
+
+
 @dataclass(frozen=True)
 class DataPosterior:
     r"""The SKI posterior given ``n`` observations, in data space.
@@ -66,8 +79,7 @@ class DataPosterior:
     def whiten(self, features: KernelFeatures) -> Tensor:
         r"""``U = L_B^{-1} K_SKI(X, X_*)`` (``batch x n x t``) for the rows ``features``."""
         cross = self.features.cross(features)  # batch x n x t
-        chol = self.chol.expand(*cross.shape[:-2], *self.chol.shape)
-        return _solve_lower(chol, cross)
+        return _solve_shared(self.chol, cross)
 
     def update(self, weights: InterpolationWeights, y: Tensor, noise: Tensor) -> DataPosterior:
         r"""Absorb ``q`` unbatched rows by extending ``L_B`` with one block row, ``O(n^2 q)``."""
