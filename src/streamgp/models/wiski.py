@@ -15,6 +15,15 @@ observations ``n``. The model keeps only grid-space sufficient statistics
 - :class:`streamgp.mlls.WoodburyMarginalLogLikelihood` evaluates the exact SKI
   marginal likelihood from the statistics in ``O(m^3)``, whatever ``n`` is.
 
+Small ``n``: grid space costs ``O(m^3)`` per factorisation even for a handful of
+observations, far more than an exact GP pays there. So while at most
+``data_space_limit`` observations (default ``min(m, MAX_DENSE_GRID)``) were absorbed,
+the model keeps their interpolation rows and does the same exact SKI inference with
+``n x n`` matrices (:mod:`streamgp.linalg.data_space`; both states share the interface
+of :mod:`streamgp.linalg.statistics`). The observation that takes ``n`` past the limit
+folds the rows into the grid statistics, which from then on are all that is kept.
+Posteriors, the likelihood and its gradients are the same on both sides.
+
 Transforms: an ``input_transform`` and an ``outcome_transform`` are fitted once, on
 the data given to the constructor, and then frozen; data added later with
 ``observe`` / ``condition_on_observations`` pass through the frozen transforms. The
