@@ -167,3 +167,30 @@ def test_large_grid_space_batches_rebuild_from_the_statistics():
     post = model.posterior(Xs)
     assert rel_err(post.mean.squeeze(-1), mean) < 1e-8
     assert rel_err(post.covariance_matrix, covar) < 1e-8
+
+
+def test_small_grid_space_batches_are_held_back_and_folded_exactly():
+    X = torch.rand(80, 2, dtype=DTYPE)
+    Y = torch.sin(5 * X).sum(-1, keepdim=True)
+    model = _model(X[:20], Y[:20], data_space_limit=0)
+    model.posterior(X[:2])
+    Xs = torch.rand(5, 2, dtype=DTYPE)
+    ranks = []
+    for start in range(20, 80, 3):
+        model.observe(X[start : start + 3], Y[start : start + 3])
+        ranks.append(0 if model._correction is None else model._correction.rank)
+        n = start + 3
+        if n in (23, 38, 80):
+            oracle = DenseSKIModel(model, X[:n], Y[:n].squeeze(-1), None)
+            mean, covar = oracle.latent(Xs)
+            post = model.posterior(Xs)
+            assert rel_err(post.mean.squeeze(-1), mean) < 1e-8
+            assert rel_err(post.covariance_matrix, covar) < 1e-8
+    # Held back as a correction up to FOLD_RANK, then folded into the root and statistics.
+    assert max(ranks) < WiskiGP.FOLD_RANK and 0 in ranks[1:] and ranks[0] == 3
+    assert model.num_train == 80
+    # Nothing observed is missing from the statistics or from a checkpoint.
+    fresh = _model(X[:1], Y[:1], data_space_limit=0)
+    fresh.load_state_dict(model.state_dict())
+    assert fresh.num_train == 80 == model.statistics.count
+    torch.testing.assert_close(fresh.posterior(Xs).mean, model.posterior(Xs).mean)

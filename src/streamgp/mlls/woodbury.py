@@ -54,7 +54,7 @@ class WoodburyMarginalLogLikelihood(MarginalLogLikelihood):
         res = statistics.log_marginal_likelihood(model.kernel_root(), model.noise_variance)
         for _, module, prior, closure, _ in self.named_priors():
             res = res + prior.log_prob(closure(module)).sum()
-        return res / max(statistics.count, 1)
+        return res / statistics.n.clamp_min(1.0)
 
     def compute_custom_loss(self, **kwargs: Any) -> Tensor:
         r"""Negative MLL, the loss BoTorch's fitting routines minimise."""

@@ -278,6 +278,9 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         # Transformed (X, y, noise) of each conditioning, for replay after a
         # hyperparameter change and for folding; O(Q), not O(n).
         self._conditioning_log: list[tuple[Tensor, Tensor, Tensor]] = []
+        # True while every logged row came from `observe` (held back, see FOLD_RANK)
+        # rather than from `condition_on_observations`.
+        self._log_from_observe = True
 
     def _invalidate(self) -> None:
         r"""Drop derived factors; the next prediction rebuilds them from the statistics."""
@@ -303,8 +306,16 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         :class:`~streamgp.linalg.statistics.DataStatistics` (the rows) while at most
         ``data_space_limit`` observations were absorbed, then
         :class:`~streamgp.linalg.statistics.GridStatistics` (``W^T W, W^T y, ...``).
+        Observations held as a pending low-rank correction (``FOLD_RANK``) are folded in
+        first, so every observed row is accounted for.
         """
+        self._fold_observed()
         return self._statistics
+
+    def _fold_observed(self) -> None:
+        r"""Fold pending rows of an unbatched model (a batched fantasy view keeps its own)."""
+        if self._conditioning_log and len(self.batch_shape) == 0:
+            self._fold_conditioning()
 
     @property
     def in_data_space(self) -> bool:
@@ -363,6 +374,7 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         return DataStatistics(weights, get("y"), get("noise") if self.fixed_noise else None)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
+        self._fold_observed()
         super()._save_to_state_dict(destination, prefix, keep_vars)
         for name, value in self._statistics_tensors().items():
             destination[f"{prefix}statistics.{name}"] = value if keep_vars else value.detach()
@@ -516,6 +528,7 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         self._posterior = posterior
         self._correction = None
         self._conditioning_log = []
+        self._log_from_observe = True
         self._switch_space_if_needed(statistics)
 
     def _switch_space_if_needed(self, statistics: DataStatistics | GridStatistics) -> None:
@@ -570,6 +583,9 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         a conditioning correction: the Nystrom root of ``R R^T`` of the rank that
         meets ``love_tolerance``, cached until the exact posterior is replaced.
         """
+        love_on = fast_pred_var.on() or fast_pred_samples.on()
+        if self._conditioning_log and self._log_from_observe and (love_on or self.structured):
+            self._fold_conditioning()  # observed rows held back: LOVE needs one root
         posterior = self.exact_posterior()
         if self._correction is not None or isinstance(posterior, DataPosterior):
             return None
@@ -658,16 +674,44 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
                 "observe is not available on a model conditioned on batched (fantasy) "
                 "observations; observe on the parent model instead."
             )
-        self._fold_conditioning()
         weights = self.interpolation.weights(X_t)
         y = Y_t.squeeze(-1)
         noise = None if Yvar_t is None else Yvar_t.squeeze(-1)
+        if self._can_defer(y.shape[-1]):
+            self._defer(X_t.detach(), weights, y)
+            return self
+        self._fold_conditioning()
         with torch.no_grad():
             statistics = self._statistics.add(weights, y, noise)
             posterior = self._updated_posterior(weights, y, noise, statistics)
         self._posterior = posterior
         self._switch_space_if_needed(statistics)
         return self
+
+    #: In grid space, small batches are first held as a low-rank correction of the root
+    #: (what ``condition_on_observations`` builds, ``O(m q Q)``), and folded into the
+    #: statistics and the root once its rank reaches ``FOLD_RANK``: one rank-``Q`` update
+    #: of the ``m x m`` root instead of ``Q / q`` memory-bound rank-``q`` ones.
+    FOLD_RANK = 32
+
+    def _can_defer(self, q: int) -> bool:
+        return (
+            not self.in_data_space
+            and not self.structured
+            and not self.fixed_noise  # its likelihood holds the mean noise of all rows
+            and q <= self.ROOT_UPDATE_MAX_FRACTION * self.interpolation.num_grid
+            and self._caches_valid()
+        )
+
+    def _defer(self, X_t: Tensor, weights: InterpolationWeights, y: Tensor) -> None:
+        with torch.no_grad():
+            posterior = self.exact_posterior()
+            noise = self.noise_variance.detach().expand_as(y)
+            self._correction = self._current_correction().condition(posterior, weights, y, noise)
+        # A new list: views made earlier share the old one.
+        self._conditioning_log = [*self._conditioning_log, (X_t, y, noise)]
+        if self._correction.rank >= self.FOLD_RANK:
+            self._fold_conditioning()
 
     #: A grid-space batch of ``q`` rows is absorbed by the rank-``q`` root update while
     #: ``q <= ROOT_UPDATE_MAX_FRACTION * m``; larger batches refactorise from the
@@ -735,6 +779,7 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         new = self._view()
         new._correction = correction
         new._conditioning_log = [*self._conditioning_log, (X_t, y, noise_q)]
+        new._log_from_observe = False
         return new
 
     def _view(self) -> WiskiGP:
