@@ -28,11 +28,13 @@ DTYPE = torch.float64
 GRID = {1: 40, 2: 14, 3: 7}
 
 
-@pytest.fixture(autouse=True, params=["data", "grid"])
+@pytest.fixture(autouse=True, params=["data", "mixed", "grid"])
 def space(request, monkeypatch):
-    """Every test runs twice: in data space (the default while n <= m) and in grid space."""
+    """Every test runs in data space (the default while n <= m), with data-space statistics
+    but the posterior on the grid (the default for mid-sized n), and in grid space."""
     if request.param == "grid":
         monkeypatch.setattr(WiskiGP, "DATA_SPACE_LIMIT", 0)
+    monkeypatch.setattr(WiskiGP, "GRID_POSTERIOR_MIN_N", 0 if request.param == "mixed" else 10**9)
     return request.param
 
 
@@ -158,18 +160,24 @@ def test_many_sequential_single_observations_stay_exact():
 def _factor(model: WiskiGP) -> torch.Tensor:
     """The m x m grid root, or the n x n data-space Cholesky factor."""
     posterior = model._posterior
-    return posterior.chol if model.in_data_space else posterior.root
+    return posterior.chol if space_of(model) == "data" else posterior.root
+
+
+def space_of(model: WiskiGP) -> str:
+    if not model.in_data_space:
+        return "grid"
+    return "mixed" if hasattr(model.exact_posterior(), "root") else "data"
 
 
 def test_condition_shares_parent_root(space):
     X, Y, _ = make_data(20, 2)
     model = make_model(2, X, Y)
-    assert model.in_data_space == (space == "data")
+    assert space_of(model) == space
     Xf = torch.rand(5, 3, 2, dtype=DTYPE)
     fantasy = model.fantasize(Xf, SobolQMCNormalSampler(torch.Size([4])))
     assert fantasy.batch_shape == torch.Size([4, 5])
     assert _factor(fantasy) is _factor(model)
-    if space == "grid":
+    if space != "data":
         assert fantasy._correction.V.shape == (5, model.interpolation.num_grid, 3)
     else:  # an n x q block per batch, never a copy of the n x n factor
         assert fantasy._correction.U.shape == (5, 20, 3)

@@ -464,8 +464,11 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         ``detach_test_caches``).
         """
         if not self._caches_valid():
+            statistics = self._statistics
+            if self._posterior_on_grid(statistics):
+                statistics = statistics.to_grid()
             with torch.no_grad():
-                self._posterior = self._statistics.posterior(
+                self._posterior = statistics.posterior(
                     self.kernel_root(), self.noise_variance, tol=self.love_tolerance
                 )
                 self._hyper_snapshot = [p.detach().clone() for p in self._hyperparameters()]
@@ -476,6 +479,26 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
                     self._posterior, self.interpolation.weights(X_q), y_q, noise_q
                 )
         return self._posterior
+
+    #: Test-point evaluations expected per hyperparameter change (one BoTorch acquisition
+    #: optimisation is ~10^4-10^5), used to choose where the posterior is kept.
+    PREDICTIONS_PER_REFIT = 100_000
+    #: In data space, the posterior is kept on the grid once ``n`` reaches this (None:
+    #: where ``O(m^3)`` per refit plus ``O(4^d m)`` per test point undercut ``O(n^2)`` per
+    #: test point, ``sqrt(4^d m + m^3 / PREDICTIONS_PER_REFIT)``: 272 for a 10^3 grid).
+    GRID_POSTERIOR_MIN_N: int | None = None
+
+    def _posterior_on_grid(self, statistics: DataStatistics | GridStatistics) -> bool:
+        r"""Whether the posterior lives on the grid (always in grid space)."""
+        if not isinstance(statistics, DataStatistics):
+            return True
+        if self.structured:  # its grid posterior is a LOVE root: keep the exact one
+            return False
+        threshold = self.GRID_POSTERIOR_MIN_N
+        if threshold is None:
+            m, dim = self.interpolation.num_grid, self.interpolation.dim
+            threshold = math.sqrt(4**dim * m + m**3 / self.PREDICTIONS_PER_REFIT)
+        return statistics.count >= threshold
 
     def grid_posterior(self) -> GridPosterior:
         r"""The posterior of the grid values (before any conditioning correction).
@@ -535,7 +558,8 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         r"""Set the statistics, folding data-space rows into grid statistics past the limit."""
         if isinstance(statistics, DataStatistics) and statistics.count > self.data_space_limit:
             statistics = statistics.to_grid(sparse=self.structured)
-            self._invalidate()  # the next prediction factorises in grid space, O(m^3)
+            if not isinstance(self._posterior, GridPosterior) or self.structured:
+                self._invalidate()  # the next prediction factorises in grid space, O(m^3)
         self._set_statistics(statistics)
 
     # ------------------------------------------------------------ BoTorch API
@@ -696,7 +720,7 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
 
     def _can_defer(self, q: int) -> bool:
         return (
-            not self.in_data_space
+            isinstance(self._posterior, GridPosterior)
             and not self.structured
             and not self.fixed_noise  # its likelihood holds the mean noise of all rows
             and q <= self.ROOT_UPDATE_MAX_FRACTION * self.interpolation.num_grid
@@ -731,8 +755,8 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         posterior = self._posterior
         update_noise = self.noise_variance.expand_as(y) if noise is None else noise
         if isinstance(posterior, DataPosterior):
-            if statistics.count > self.data_space_limit:
-                return None  # the model is about to switch to grid space
+            if statistics.count > self.data_space_limit or self._posterior_on_grid(statistics):
+                return None  # the next prediction factorises on the grid
             return posterior.update(weights, y, update_noise)
         if (
             self.structured
