@@ -131,12 +131,21 @@ class GridKernelRoot:
         return math.prod(f.shape[-1] for f in self.factors)
 
     def _apply(self, factors: list[Tensor], rhs: Tensor) -> Tensor:
-        # Apply kron(factors) to the columns of rhs one axis at a time: reshape so
-        # that axis i is the middle dimension and multiply by its factor in place.
+        # Apply kron(factors) to the columns of rhs one axis at a time, slowest first:
+        # with axis i as the middle of a (before, g_i, after) view, each step is one
+        # batched product with the factor expanded over `before` (a stride-0 view).
+        # Products from the left keep every step a contiguous, copy-free GEMM; the
+        # transposed form (`rhs_view.mT @ factor.mT`) that `torch.matmul` chooses for
+        # a 2-D @ 3-D product copies the whole m x p block at every axis.
         sizes = [f.shape[-1] for f in factors]
         out = rhs
         for i, factor in enumerate(factors):
-            out = factor @ out.reshape(math.prod(sizes[:i]), sizes[i], -1)
+            before = math.prod(sizes[:i])
+            block = out.reshape(before, sizes[i], -1)
+            if before == 1:
+                out = factor @ block[0]
+            else:
+                out = torch.bmm(factor.expand(before, *factor.shape), block)
         return out.reshape(rhs.shape)
 
     def matmul(self, rhs: Tensor) -> Tensor:
@@ -146,6 +155,14 @@ class GridKernelRoot:
     def t_matmul(self, rhs: Tensor) -> Tensor:
         r"""``L^T @ rhs`` for ``rhs`` of shape ``m`` or ``m x p``."""
         return self._apply([f.mT for f in self.factors], rhs)
+
+    def congruence(self, A: Tensor) -> Tensor:
+        r"""``L^T A L`` for a symmetric ``m x m`` ``A``, in ``O(m^2 sum_i g_i)``.
+
+        Two passes of :meth:`t_matmul`: ``L^T A``, then ``L^T (L^T A)^T`` (``A`` is
+        symmetric). Autograd differentiates through both with the same structure.
+        """
+        return self.t_matmul(self.t_matmul(A).mT)
 
     def kernel_trace(self) -> Tensor:
         r"""``tr(L L^T) = prod_i |L_i|_F^2``, without forming ``L``."""

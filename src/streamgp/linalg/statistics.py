@@ -144,7 +144,18 @@ class GridStatistics:
                 f"{self.A.shape[-1]} points. Fit the hyperparameters on a coarser grid, or "
                 "while the model is still in data space, and copy them."
             )
-        return log_marginal_likelihood(kernel_root, *self.weighted(noise_variance))
+        if self.fixed_noise:
+            return log_marginal_likelihood(kernel_root, *self.weighted(noise_variance))
+        # The raw sums with the precision 1 / s2 kept apart (see woodbury.log_marginal_likelihood).
+        return log_marginal_likelihood(
+            kernel_root,
+            self.A,
+            self.b,
+            self.c,
+            self.n,
+            self.n * noise_variance.log(),
+            precision=noise_variance.reciprocal(),
+        )
 
     def posterior(
         self, kernel_root: GridKernelRoot, noise_variance: Tensor, tol: float = DEFAULT_TOLERANCE
