@@ -311,11 +311,40 @@ def test_state_dict_resumes_stream():
     X, Y, _ = make_data(40, 2)
     model = make_model(2, X[:30], Y[:30])
     fresh = make_model(2, X[:1], Y[:1])
-    fresh.load_state_dict(model.state_dict())
+    fresh.load_state_dict(model.state_dict(), keep_transforms=False)
     for m in (model, fresh):
         m.observe(X[30:], Y[30:])
     Xs = torch.rand(4, 2, dtype=DTYPE)
     assert rel_err(fresh.posterior(Xs).mean, model.posterior(Xs).mean) < 1e-10
+
+
+@pytest.mark.parametrize("fixed_noise", [False, True])
+def test_load_state_dict_warm_starts_without_touching_the_data(fixed_noise, tmp_path):
+    """BoTorch's tutorial warm start: rebuild on all data, load the previous model's state."""
+    X, Y, Yvar = make_data(50, 2, fixed_noise)
+    transforms = {"outcome_transform": Standardize(1)}
+    old = make_model(2, X[:20], Y[:20], None if Yvar is None else Yvar[:20], **transforms)
+    old.covar_module.base_kernel.lengthscale = torch.tensor([0.2, 0.6], dtype=DTYPE)
+    if not fixed_noise:
+        old.likelihood.noise = 0.07
+    new = make_model(2, X, Y, Yvar, outcome_transform=Standardize(1))
+    fresh = make_model(2, X, Y, Yvar, outcome_transform=Standardize(1))
+    path = tmp_path / "old.pt"
+    torch.save(old.state_dict(), path)
+    new.load_state_dict(torch.load(path, weights_only=True))
+    assert new.num_train == 50  # the 20-point model's statistics did not replace these
+    # Predictions equal a fresh model on all data with the loaded hyperparameters.
+    copy_hyperparameters(old, fresh)
+    Xs = torch.rand(6, 2, dtype=DTYPE)
+    post, ref = new.posterior(Xs), fresh.posterior(Xs)
+    assert rel_err(post.mean, ref.mean) < 1e-10
+    assert rel_err(post.variance, ref.variance) < 1e-10
+    torch.testing.assert_close(new.outcome_transform.means, fresh.outcome_transform.means)
+    torch.testing.assert_close(new.likelihood.noise, fresh.likelihood.noise)
+    # keep_transforms=False restores the saved stream itself (a checkpoint).
+    new.load_state_dict(torch.load(path, weights_only=True), keep_transforms=False)
+    assert new.num_train == 20
+    assert rel_err(new.posterior(Xs).mean, old.posterior(Xs).mean) < 1e-10
 
 
 def test_empty_start_and_observation_noise():

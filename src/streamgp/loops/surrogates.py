@@ -186,7 +186,7 @@ class WiskiSurrogate(_GridSurrogate):
         return {"model": self._model.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._model.load_state_dict(state["model"])
+        self._model.load_state_dict(state["model"], keep_transforms=False)
         self._model.eval()
 
 

@@ -159,6 +159,14 @@ def build_grid(
 
 
 _GRID_FIELDS = ("A", "b", "c", "n", "sum_log_noise", "sum_noise")
+#: ``state_dict`` entries that belong to the data rather than to the hyperparameters:
+#: the statistics (``stat_`` in checkpoints written before data space existed) and the
+#: frozen transforms fitted on the first batch.
+_DATA_KEY_PREFIXES = ("statistics.", "stat_", "input_transform.", "outcome_transform.")
+
+
+def _is_data_key(key: str) -> bool:
+    return key.startswith(_DATA_KEY_PREFIXES)
 
 
 class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
@@ -563,12 +571,39 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         self._set_statistics(statistics)
 
     # ------------------------------------------------------------ BoTorch API
-    def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True, **kwargs: Any):
-        r"""Load hyperparameters and sufficient statistics (e.g. to resume a stream).
+    def load_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        strict: bool = True,
+        keep_transforms: bool = True,
+        **kwargs: Any,
+    ):
+        r"""Load hyperparameters (a warm start), or a whole stream (a checkpoint).
 
-        Unlike ``GPyTorchModel.load_state_dict``, no training data are re-transformed:
-        the statistics in ``state_dict`` are already in the transformed space.
+        As in BoTorch, the default ``keep_transforms=True`` keeps this model's transforms
+        and its data: only the hyperparameters are loaded from ``state_dict``, and the
+        statistics and transform buffers in it are ignored. This is the warm start of
+        BoTorch's tutorials (rebuild on all data, load the previous model's state).
+
+        ``keep_transforms=False`` restores everything ``state_dict()`` saved: the
+        hyperparameters, the frozen transforms and the statistics (every observation,
+        already in the transformed space, so nothing is re-transformed). Use it to resume
+        a stream from ``torch.save(model.state_dict(), path)``; the file holds tensors
+        only, so ``torch.load(path, weights_only=True)`` reads it.
+
+        Args:
+            state_dict: From ``state_dict()`` of a ``WiskiGP`` on the same grid.
+            strict: As ``torch.nn.Module.load_state_dict``.
+            keep_transforms: Keep this model's data and transforms (default), or
+                restore those in ``state_dict``.
         """
+        if keep_transforms:
+            # A fixed-noise likelihood holds the mean noise of this model's rows: data too.
+            def is_data(key: str) -> bool:
+                return _is_data_key(key) or (self.fixed_noise and key.startswith("likelihood."))
+
+            own = {k: v for k, v in self.state_dict().items() if is_data(k)}
+            state_dict = {k: v for k, v in state_dict.items() if not is_data(k)} | own
         return torch.nn.Module.load_state_dict(self, state_dict, strict=strict)
 
     @property
