@@ -158,3 +158,22 @@ def test_constructor_rejects_bad_input():
         from gpytorch.likelihoods import GaussianLikelihood
 
         WiskiGP(X, Y, torch.ones_like(Y), likelihood=GaussianLikelihood())
+
+
+@pytest.mark.parametrize("model_cls", ["wiski", "kissgp"])
+def test_input_transforms_that_learn_the_grid_box_are_refused(model_cls):
+    from botorch.models.transforms.input import ChainedInputTransform, InputStandardize, Normalize
+
+    from streamgp import KissGP
+
+    cls = WiskiGP if model_cls == "wiski" else KissGP
+    X = 2.0 + 3.0 * torch.rand(6, 2, dtype=DTYPE)
+    Y = torch.rand(6, 1, dtype=DTYPE)
+    chained = ChainedInputTransform(norm=Normalize(2))
+    for transform in (Normalize(2), InputStandardize(2), chained):
+        with pytest.raises(ValueError, match=r"input_transform .* Normalize\(d, bounds=bounds\)"):
+            cls(X, Y, input_transform=transform, grid_size=8)
+    # With the search space's bounds, points anywhere in it are accepted later.
+    bounds = torch.tensor([[2.0, 2.0], [5.0, 5.0]], dtype=DTYPE)
+    model = cls(X, Y, input_transform=Normalize(2, bounds=bounds), grid_size=8)
+    model.posterior(torch.tensor([[2.0, 5.0]], dtype=DTYPE))

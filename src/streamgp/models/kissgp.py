@@ -107,6 +107,7 @@ from streamgp.models.frozen_transforms import (
 from streamgp.models.wiski import build_grid
 from streamgp.utils.validation import (
     check_conditioning_data,
+    check_grid_input_transform,
     check_grid_model_data,
     check_new_observations,
     check_tensor,
@@ -213,6 +214,7 @@ class KissGP(GPyTorchModel, ExactGP, FantasizeMixin):
         outcome_transform: OutcomeTransform | None = None,
     ) -> None:
         check_grid_model_data(train_X, train_Y, train_Yvar, likelihood, allow_empty=False)
+        check_grid_input_transform(input_transform)
         if isinstance(covar_module, GridInterpolationKernel):
             raise TypeError(
                 "covar_module must be the base kernel; KissGP wraps it in its own "

@@ -106,6 +106,7 @@ from streamgp.models.frozen_transforms import (
 from streamgp.utils.validation import (
     check_conditioning_data,
     check_count,
+    check_grid_input_transform,
     check_grid_model_data,
     check_new_observations,
     check_tensor,
@@ -232,6 +233,7 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         data_space_limit: int | None = None,
     ) -> None:
         check_grid_model_data(train_X, train_Y, train_Yvar, likelihood)
+        check_grid_input_transform(input_transform)
         super().__init__()
         dim = train_X.shape[-1]
         tkwargs = {"dtype": train_X.dtype, "device": train_X.device}
