@@ -6,7 +6,8 @@ streamed step is "absorb q points, then predict mean and variance at 16 points":
 - ``observe``: the in-place update, timed over a stream of ``steps`` consecutive calls
   on one model (so deferred folds, see ``WiskiGP.FOLD_RANK``, are paid inside the mean);
 - ``condition``: ``condition_on_observations`` (a new model sharing the root);
-- ``rebuild``: a new model from the statistics plus the batch (what a refactorisation costs).
+- ``rebuild``: a new model from all the data the streamed model holds plus the batch (what
+  a refactorisation costs at that n, in whichever space the rebuilt model is).
 
 n = 300 is in data space (n <= m = 1000), n = 3000 in grid space. One torch thread.
 Results: ``benchmarks/results/observe_cost.{json,csv}``.
@@ -68,6 +69,7 @@ def main() -> None:
             times = {"observe": [], "condition": [], "rebuild": []}
             for _ in range(steps):
                 Xq, Yq = data(q)
+                X, Y = torch.cat([X, Xq]), torch.cat([Y, Yq])  # all the model has seen
                 start = time.perf_counter()
                 predict(model.condition_on_observations(Xq, Yq), Xs)
                 times["condition"].append(time.perf_counter() - start)
@@ -78,6 +80,7 @@ def main() -> None:
             for _ in range(3):
                 Xq, Yq = data(q)
                 start = time.perf_counter()
+                # A new model on everything the streamed one holds plus the batch.
                 rebuilt = build(torch.cat([X, Xq]), torch.cat([Y, Yq]))
                 predict(rebuilt, Xs)
                 times["rebuild"].append(time.perf_counter() - start)
