@@ -51,3 +51,21 @@ def test_model_variances_are_lazy_and_equal_the_joint_covariance(space_limit, ob
         full = post.covariance_matrix
         torch.testing.assert_close(variance.squeeze(-1), full.diagonal(dim1=-2, dim2=-1))
         assert (variance > 0).all()
+
+
+def test_batch_reshapes_and_indexing_match_the_dense_matrix():
+    """What ModelListGP (unsqueeze, cat) and cached-Cholesky samplers (indexing) do."""
+    root, negative = torch.randn(2, 5, 7, dtype=DTYPE), torch.randn(2, 5, 2, dtype=DTYPE)
+    noise = torch.rand(2, 5, dtype=DTYPE)
+    covar = PosteriorCovariance((root,), (negative,), noise)
+    dense = covar.to_dense()
+    torch.testing.assert_close(covar.unsqueeze(0).to_dense(), dense.unsqueeze(0))
+    torch.testing.assert_close(
+        covar.unsqueeze(1).diagonal(), dense.unsqueeze(1).diagonal(0, -2, -1)
+    )
+    torch.testing.assert_close(covar.expand(3, 2, 5, 5).to_dense(), dense.expand(3, 2, 5, 5))
+    torch.testing.assert_close(covar[..., -2:, :].to_dense(), dense[..., -2:, :])
+    torch.testing.assert_close(covar[1].to_dense(), dense[1])
+    torch.testing.assert_close(covar.sum(0).to_dense(), dense.sum(0))
+    swapped = PosteriorCovariance((root.unsqueeze(0).expand(3, 2, 5, 7),)).permute(1, 0, 2, 3)
+    torch.testing.assert_close(swapped.to_dense(), (root @ root.mT).unsqueeze(1).expand(2, 3, 5, 5))

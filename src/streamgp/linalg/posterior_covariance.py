@@ -111,6 +111,44 @@ class PosteriorCovariance(DenseLinearOperator):
     def _transpose_nonbatch(self) -> PosteriorCovariance:
         return self  # symmetric
 
+    # DenseLinearOperator builds its results with ``self.__class__(tensor)``; here that
+    # would read the tensor as a factor, so these return a plain dense operator (or, for
+    # batch reshapes, the same lazy covariance with reshaped factors).
+    def _expand_batch(self, batch_shape: torch.Size) -> PosteriorCovariance:
+        return PosteriorCovariance(
+            self.positive, self.negative, self.noise, self.scale, torch.Size(batch_shape)
+        )
+
+    def _getitem(self, row_index, col_index, *batch_indices) -> DenseLinearOperator:
+        return DenseLinearOperator(self.tensor)._getitem(row_index, col_index, *batch_indices)
+
+    def _prod_batch(self, dim: int) -> DenseLinearOperator:
+        return DenseLinearOperator(self.tensor.prod(dim))
+
+    def _sum_batch(self, dim: int) -> DenseLinearOperator:
+        return DenseLinearOperator(self.tensor.sum(dim))
+
+    def _unsqueeze_batch(self, dim: int) -> PosteriorCovariance:
+        # Batch dims lead every factor (batch x t x w) and the noise (batch x t) alike.
+        # (LinearOperator's generic version would rebuild from the factors positionally.)
+        return PosteriorCovariance(
+            tuple(a.unsqueeze(dim) for a in self.positive),
+            tuple(n.unsqueeze(dim) for n in self.negative),
+            None if self.noise is None else self.noise.unsqueeze(dim),
+            self.scale,
+            torch.Size([*self._shape[:-2][:dim], 1, *self._shape[:-2][dim:]]),
+        )
+
+    def _permute_batch(self, *dims: int) -> PosteriorCovariance:
+        batch = self._shape[:-2]
+        return PosteriorCovariance(
+            tuple(a.permute(*dims, -2, -1) for a in self.positive),
+            tuple(n.permute(*dims, -2, -1) for n in self.negative),
+            None if self.noise is None else self.noise.permute(*dims, -1),
+            self.scale,
+            torch.Size([batch[d] for d in dims]),
+        )
+
     def with_noise(self, noise: Tensor) -> PosteriorCovariance:
         r"""The same covariance plus ``diag(noise)`` (``batch x t``)."""
         total = noise if self.noise is None else self.noise + noise

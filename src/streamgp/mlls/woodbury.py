@@ -48,14 +48,33 @@ class WoodburyMarginalLogLikelihood(MarginalLogLikelihood):
                 (e.g. ``model.statistics.add(...)`` with differentiable new rows, as in
                 the WISKI paper's eq. 18); default: every observation of the model.
         """
-        model = self.model
-        if statistics is None:
-            statistics = model.training_statistics()
-        res = statistics.log_marginal_likelihood(model.kernel_root(), model.noise_variance)
-        for _, module, prior, closure, _ in self.named_priors():
-            res = res + prior.log_prob(closure(module)).sum()
-        return res / statistics.n.clamp_min(1.0)
+        return ski_marginal_log_likelihood(self, statistics)
 
     def compute_custom_loss(self, **kwargs: Any) -> Tensor:
         r"""Negative MLL, the loss BoTorch's fitting routines minimise."""
         return -self.forward()
+
+
+def ski_marginal_log_likelihood(
+    mll: MarginalLogLikelihood, statistics: Any | None = None
+) -> Tensor:
+    r"""The exact SKI marginal log likelihood of ``mll.model`` (a ``WiskiGP``), per datum.
+
+    What :class:`WoodburyMarginalLogLikelihood` computes, for any gpytorch marginal
+    likelihood module wrapping a ``WiskiGP``: the log likelihood from the statistics, plus
+    the log densities of the priors registered on ``mll`` and the modules it holds, divided
+    by ``n``, as gpytorch's ``ExactMarginalLogLikelihood`` normalises. ``WiskiGP`` uses it
+    so that BoTorch's ``fit_gpytorch_mll(ExactMarginalLogLikelihood(likelihood, model))``
+    (and a ``SumMarginalLogLikelihood`` over a ``ModelListGP``) optimise this objective.
+
+    Args:
+        mll: A marginal likelihood module whose ``model`` is a ``WiskiGP``.
+        statistics: Optional statistics to evaluate instead of the model's own.
+    """
+    model = mll.model
+    if statistics is None:
+        statistics = model.training_statistics()
+    res = statistics.log_marginal_likelihood(model.kernel_root(), model.noise_variance)
+    for _, module, prior, closure, _ in mll.named_priors():
+        res = res + prior.log_prob(closure(module)).sum()
+    return res / statistics.n.clamp_min(1.0)

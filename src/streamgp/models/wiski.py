@@ -97,6 +97,7 @@ from streamgp.linalg.woodbury import (
     fold_low_rank,
     update_root,
 )
+from streamgp.mlls.woodbury import ski_marginal_log_likelihood
 from streamgp.models.frozen_transforms import (
     assemble_posterior,
     fit_frozen_transforms,
@@ -442,6 +443,18 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         r"""The statistics of every observation, conditioning included (unbatched only)."""
         self._fold_conditioning()
         return self._statistics
+
+    def compute_custom_loss(self, mll: Any, **kwargs: Any) -> Tensor:
+        r"""The loss BoTorch's ``fit_gpytorch_mll`` minimises for this model, whatever ``mll``.
+
+        BoTorch's loss closures call it for any marginal likelihood wrapping this model, so
+        ``fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))`` and a
+        ``SumMarginalLogLikelihood`` over a ``ModelListGP`` fit the exact SKI likelihood
+        (:func:`~streamgp.mlls.woodbury.ski_marginal_log_likelihood`); a generic gpytorch
+        likelihood would call ``model(*model.train_inputs)``, and a ``WiskiGP`` keeps
+        statistics, not training inputs.
+        """
+        return -ski_marginal_log_likelihood(mll)
 
     def kernel_root(self) -> GridKernelRoot:
         r"""Root ``L_K`` of ``K_UU`` at the current hyperparameters (differentiable)."""
