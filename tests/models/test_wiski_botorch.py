@@ -62,7 +62,7 @@ def test_closed_loop_tutorial_pattern_with_a_model_list():
     state_dict = None
     objective = GenericMCObjective(lambda Z, X=None: Z[..., 0])
     constraints = [lambda Z: Z[..., 1]]
-    for iteration in range(3):
+    for _ in range(3):
         model = _model(X, Y, state_dict)
         if state_dict is not None:  # the warm start kept every observation
             assert all(m.num_train == len(X) for m in model.models)
