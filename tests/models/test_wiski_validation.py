@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from botorch.models.transforms.input import ChainedInputTransform, InputStandardize, Normalize
 
-from streamgp import WiskiGP
+from streamgp import KissGP, WiskiGP
 
 DTYPE = torch.float64
 
@@ -162,10 +163,6 @@ def test_constructor_rejects_bad_input():
 
 @pytest.mark.parametrize("model_cls", ["wiski", "kissgp"])
 def test_input_transforms_that_learn_the_grid_box_are_refused(model_cls):
-    from botorch.models.transforms.input import ChainedInputTransform, InputStandardize, Normalize
-
-    from streamgp import KissGP
-
     cls = WiskiGP if model_cls == "wiski" else KissGP
     X = 2.0 + 3.0 * torch.rand(6, 2, dtype=DTYPE)
     Y = torch.rand(6, 1, dtype=DTYPE)

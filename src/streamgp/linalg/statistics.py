@@ -124,15 +124,29 @@ class GridStatistics:
     def to_grid(self) -> GridStatistics:
         return self
 
+    def sums_and_precision(
+        self, noise_variance: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+        r"""``(A, b, c, n, sum(log noise), precision)``: the sums and their common noise weight.
+
+        With fixed noise the sums are already weighted row by row and ``precision`` is
+        None; with homoskedastic noise they are the raw sums and ``precision = 1 / s2``
+        (differentiable in the noise), to be applied by whoever uses them.
+        """
+        if self.fixed_noise:
+            return self.A, self.b, self.c, self.n, self.sum_log_noise, None
+        s2 = noise_variance
+        return self.A, self.b, self.c, self.n, self.n * s2.log(), s2.reciprocal()
+
     def weighted(self, noise_variance: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         r"""Noise-weighted ``(A, b, c, n, sum(log noise))``; differentiable in the noise.
 
         ``noise_variance`` (the homoskedastic level) is ignored with fixed noise.
         """
-        if self.fixed_noise:
-            return self.A, self.b, self.c, self.n, self.sum_log_noise
-        s2 = noise_variance
-        return self.A / s2, self.b / s2, self.c / s2, self.n, self.n * s2.log()
+        A, b, c, n, sum_log_noise, precision = self.sums_and_precision(noise_variance)
+        if precision is None:
+            return A, b, c, n, sum_log_noise
+        return A * precision, b * precision, c * precision, n, sum_log_noise
 
     def log_marginal_likelihood(
         self, kernel_root: GridKernelRoot, noise_variance: Tensor
@@ -144,18 +158,8 @@ class GridStatistics:
                 f"{self.A.shape[-1]} points. Fit the hyperparameters on a coarser grid, or "
                 "while the model is still in data space, and copy them."
             )
-        if self.fixed_noise:
-            return log_marginal_likelihood(kernel_root, *self.weighted(noise_variance))
-        # The raw sums with the precision 1 / s2 kept apart (see woodbury.log_marginal_likelihood).
-        return log_marginal_likelihood(
-            kernel_root,
-            self.A,
-            self.b,
-            self.c,
-            self.n,
-            self.n * noise_variance.log(),
-            precision=noise_variance.reciprocal(),
-        )
+        *sums, precision = self.sums_and_precision(noise_variance)
+        return log_marginal_likelihood(kernel_root, *sums, precision=precision)
 
     def posterior(
         self, kernel_root: GridKernelRoot, noise_variance: Tensor, tol: float = DEFAULT_TOLERANCE

@@ -50,14 +50,16 @@ class GridPosterior:
     mean: Tensor
 
 
-def _matrix_C(L_K: GridKernelRoot, A: Tensor, precision: Tensor | float = 1.0) -> Tensor:
+def _matrix_C(L_K: GridKernelRoot, A: Tensor, precision: Tensor | None = None) -> Tensor:
     """``C = I + precision * L_K^T A L_K`` (eigenvalues >= 1, so it needs no jitter).
 
-    The scalar ``precision`` (``1 / s2`` for homoskedastic noise) multiplies the
+    A scalar ``precision`` (``1 / s2`` for homoskedastic noise) multiplies the
     structured product instead of ``A``, so a gradient with respect to the noise is one
     inner product rather than another ``m x m`` congruence in the backward pass.
     """
-    C = precision * L_K.congruence(A)
+    C = L_K.congruence(A)
+    if precision is not None:
+        C = precision * C
     C.diagonal(dim1=-2, dim2=-1).add_(1.0)  # in place: one pass fewer over m x m
     return C
 
@@ -130,7 +132,7 @@ def log_marginal_likelihood(
     c: Tensor,
     n: Tensor,
     sum_log_noise: Tensor,
-    precision: Tensor | float = 1.0,
+    precision: Tensor | None = None,
 ) -> Tensor:
     r"""Exact SKI ``log p(y)`` from noise-weighted statistics; differentiable.
 
@@ -139,9 +141,11 @@ def log_marginal_likelihood(
     common noise precision passed as ``precision`` (``A, b, c`` are then scaled by it):
     the value is the same, and the backward pass skips a congruence with ``A``.
     """
-    z = precision * L_K.t_matmul(b.unsqueeze(-1)).squeeze(-1)
+    z = L_K.t_matmul(b.unsqueeze(-1)).squeeze(-1)
+    if precision is not None:
+        z, c = precision * z, precision * c
     logdet_minus_quad = logdet_plus_quad(_matrix_C(L_K, A, precision), z, -1.0)
-    return -0.5 * (precision * c + logdet_minus_quad + sum_log_noise + n * math.log(2.0 * math.pi))
+    return -0.5 * (c + logdet_minus_quad + sum_log_noise + n * math.log(2.0 * math.pi))
 
 
 def update_root(

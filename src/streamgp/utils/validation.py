@@ -8,6 +8,7 @@ never modify their inputs, so callers validate everything before touching state.
 from __future__ import annotations
 
 import torch
+from botorch.models.transforms.input import AffineInputTransform, ChainedInputTransform
 from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
 from torch import Tensor
 
@@ -95,8 +96,6 @@ def check_grid_input_transform(input_transform: object | None) -> None:
     later point outside it would fail in the middle of a loop. This fails at
     construction instead, naming the fix.
     """
-    from botorch.models.transforms.input import AffineInputTransform, ChainedInputTransform
-
     parts = (
         list(input_transform.values())
         if isinstance(input_transform, ChainedInputTransform)
