@@ -322,8 +322,8 @@ def test_state_dict_resumes_stream():
 def test_load_state_dict_warm_starts_without_touching_the_data(fixed_noise, tmp_path):
     """BoTorch's tutorial warm start: rebuild on all data, load the previous model's state."""
     X, Y, Yvar = make_data(50, 2, fixed_noise)
-    transforms = {"outcome_transform": Standardize(1)}
-    old = make_model(2, X[:20], Y[:20], None if Yvar is None else Yvar[:20], **transforms)
+    old_Yvar = None if Yvar is None else Yvar[:20]
+    old = make_model(2, X[:20], Y[:20], old_Yvar, outcome_transform=Standardize(1))
     old.covar_module.base_kernel.lengthscale = torch.tensor([0.2, 0.6], dtype=DTYPE)
     if not fixed_noise:
         old.likelihood.noise = 0.07
