@@ -329,7 +329,7 @@ class OnlineSVGPSurrogate(Surrogate):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         model = self._model
-        model.load_state_dict(state["model"])
+        model.load_state_dict(state["model"], keep_transforms=False)
         frozen = state["frozen_posterior"]
         model.frozen_posterior = None if frozen is None else FrozenPosterior(**frozen)
         model.last_batch = state["last_batch"]

@@ -18,6 +18,8 @@ from typing import Any
 from gpytorch.mlls import MarginalLogLikelihood
 from torch import Tensor
 
+from streamgp.mlls.objective import per_datum_objective
+
 
 class WoodburyMarginalLogLikelihood(MarginalLogLikelihood):
     r"""Exact SKI marginal log likelihood of a ``WiskiGP``, divided by ``n``.
@@ -60,21 +62,19 @@ def ski_marginal_log_likelihood(
 ) -> Tensor:
     r"""The exact SKI marginal log likelihood of ``mll.model`` (a ``WiskiGP``), per datum.
 
-    What :class:`WoodburyMarginalLogLikelihood` computes, for any gpytorch marginal
-    likelihood module wrapping a ``WiskiGP``: the log likelihood from the statistics, plus
-    the log densities of the priors registered on ``mll`` and the modules it holds, divided
-    by ``n``, as gpytorch's ``ExactMarginalLogLikelihood`` normalises. ``WiskiGP`` uses it
-    so that BoTorch's ``fit_gpytorch_mll(ExactMarginalLogLikelihood(likelihood, model))``
-    (and a ``SumMarginalLogLikelihood`` over a ``ModelListGP``) optimise this objective.
+    The log likelihood from the statistics, plus the log densities of the priors
+    registered on ``mll`` and the modules it holds, divided by ``n``, as gpytorch's
+    ``ExactMarginalLogLikelihood`` normalises.
 
     Args:
         mll: A marginal likelihood module whose ``model`` is a ``WiskiGP``.
-        statistics: Optional statistics to evaluate instead of the model's own.
+        statistics: Optional statistics to evaluate instead of the model's own
+            (default: every observation, conditioning included).
     """
     model = mll.model
     if statistics is None:
-        statistics = model.training_statistics()
-    res = statistics.log_marginal_likelihood(model.kernel_root(), model.noise_variance)
-    for _, module, prior, closure, _ in mll.named_priors():
-        res = res + prior.log_prob(closure(module)).sum()
-    return res / statistics.n.clamp_min(1.0)
+        value, n = model.fit_objective()
+    else:
+        value = statistics.log_marginal_likelihood(model.kernel_root(), model.noise_variance)
+        n = statistics.n
+    return per_datum_objective(mll, value, n)

@@ -52,24 +52,28 @@ from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel, RBFKernel, ScaleKernel
 from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
 from gpytorch.means import ConstantMean, Mean
+from gpytorch.models import GP
 from linear_operator.operators import DenseLinearOperator
 from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
+from streamgp.models.base import StreamingModelMixin
 from streamgp.models.frozen_transforms import (
     assemble_posterior,
     fit_frozen_transforms,
     transform_new_data,
 )
-from streamgp.utils.validation import check_count, check_targets, check_tensor
+from streamgp.utils.validation import check_count, check_no_known_noise, check_targets, check_tensor
 
 
-class LocalGP(Model):
+class LocalGP(StreamingModelMixin, Model, GP):
     r"""Local GP regression (Nguyen-Tuong et al. 2008) with ``n_max`` points per local model.
 
     Args:
         train_X: ``n x d`` initial inputs (``n`` may be 0).
         train_Y: ``n x 1`` initial targets.
+        train_Yvar: Not supported (the noise level is learned); raises ``ValueError``
+            if given, as BoTorch code may pass it.
         covar_module: Kernel shared by all local models. Default:
             ``ScaleKernel(RBFKernel(ard_num_dims=d))``.
         mean_module: Prior mean shared by all local models. Default: ``ConstantMean()``.
@@ -96,11 +100,14 @@ class LocalGP(Model):
     """
 
     _num_outputs = 1
+    #: The local models' points; kernel, mean and likelihood are the hyperparameters.
+    data_state_prefixes = ("local_X", "local_y", "counts", "input_transform.", "outcome_transform.")
 
     def __init__(
         self,
         train_X: Tensor,
         train_Y: Tensor,
+        train_Yvar: Tensor | None = None,
         *,
         covar_module: Kernel | None = None,
         mean_module: Mean | None = None,
@@ -111,6 +118,7 @@ class LocalGP(Model):
         input_transform: InputTransform | None = None,
         outcome_transform: OutcomeTransform | None = None,
     ) -> None:
+        check_no_known_noise(train_Yvar, "LocalGP")
         check_tensor(train_X, "train_X", min_dim=2)
         if train_X.dim() != 2:
             raise ValueError(f"train_X must have shape n x d, got {tuple(train_X.shape)}.")
@@ -285,6 +293,21 @@ class LocalGP(Model):
         logdet = 2 * L.diagonal(dim1=-2, dim2=-1).log().sum()
         n = self.counts.sum()
         return -0.5 * ((residual * alpha).sum() + logdet + n * math.log(2 * math.pi))
+
+    def fit_objective(self) -> tuple[Tensor, Tensor]:
+        r""":meth:`log_marginal_likelihood` and the number of points the local models hold.
+
+        What ``fit_gpytorch_mll`` maximises (per point, with the priors) for any marginal
+        likelihood wrapping the model.
+        """
+        return self.log_marginal_likelihood(), self.counts.sum()
+
+    def _prepare_state_load(self, state_dict: dict) -> None:
+        # A checkpoint may hold another number of local models.
+        for name in ("local_X", "local_y", "counts"):
+            if name in state_dict:
+                setattr(self, name, torch.empty_like(state_dict[name]))
+        self._factors = None
 
     # ------------------------------------------------------------ BoTorch API
     def _latent(self, X: Tensor) -> MultivariateNormal:

@@ -33,7 +33,7 @@ Transforms: as in :class:`~streamgp.models.WiskiGP`, an ``input_transform`` and 
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from botorch.models.gpytorch import GPyTorchModel
@@ -64,8 +64,14 @@ from streamgp.linalg.sparse_gp import (
     streaming_collapsed_bound,
 )
 from streamgp.linalg.woodbury import LowRankCorrection
+from streamgp.models.base import StreamingModelMixin
 from streamgp.models.frozen_transforms import assemble_posterior, shallow_view, transform_new_data
-from streamgp.utils.validation import check_positive, check_targets, check_tensor
+from streamgp.utils.validation import (
+    check_no_known_noise,
+    check_positive,
+    check_targets,
+    check_tensor,
+)
 
 #: Inducing points used when neither ``inducing_points`` nor ``num_inducing`` is given.
 DEFAULT_NUM_INDUCING = 128
@@ -75,16 +81,28 @@ DEFAULT_JITTER = {torch.float64: 1e-8, torch.float32: 1e-6}
 _STATE_BUFFERS = ("inducing_points", "pseudo_root", "pseudo_eta", "pseudo_log_norm", "num_observed")
 
 
+class _LastBatch(NamedTuple):
+    r"""The last absorbed batch (transformed), its inducing set and the summary before it."""
+
+    X: Tensor
+    y: Tensor
+    inducing_points: Tensor
+    shared: Tensor | None
+    summary: PseudoObservations
+
+
 def _invalidate_after_load(module: OnlineSGPR, incompatible_keys: Any) -> None:
     module._invalidate()
 
 
-class OnlineSGPR(GPyTorchModel, GP, FantasizeMixin):
+class OnlineSGPR(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
     r"""Streaming collapsed sparse variational GP (O-SGPR) with closed-form conditioning.
 
     Args:
         train_X: ``n x d`` initial inputs (``n`` may be 0).
         train_Y: ``n x 1`` initial targets.
+        train_Yvar: Not supported (the noise level is learned); raises ``ValueError``
+            if given, as BoTorch code may pass it.
         inducing_points: ``M x d`` initial inducing inputs (in the transformed input
             space). Default: ``num_inducing`` training inputs drawn at random (all of
             them if ``n <= num_inducing``), or the selector's choice.
@@ -127,6 +145,7 @@ class OnlineSGPR(GPyTorchModel, GP, FantasizeMixin):
         self,
         train_X: Tensor,
         train_Y: Tensor,
+        train_Yvar: Tensor | None = None,
         *,
         inducing_points: Tensor | None = None,
         num_inducing: int | None = None,
@@ -142,6 +161,7 @@ class OnlineSGPR(GPyTorchModel, GP, FantasizeMixin):
         input_transform: InputTransform | None = None,
         outcome_transform: OutcomeTransform | None = None,
     ) -> None:
+        check_no_known_noise(train_Yvar, "OnlineSGPR")
         check_tensor(train_X, "train_X", min_dim=2)
         if train_X.dim() != 2:
             raise ValueError(
@@ -247,6 +267,9 @@ class OnlineSGPR(GPyTorchModel, GP, FantasizeMixin):
             self.register_buffer(name, value)
         self.register_load_state_dict_post_hook(_invalidate_after_load)
         self._clear_caches()
+        self._last_batch: _LastBatch | None = None
+        self._last_batch_hypers: list[Tensor] | None = None
+        self._refit_pending = False
         #: The online bound (approximate log evidence of all data) after the last batch.
         self.last_bound: Tensor | None = None
 
@@ -383,22 +406,39 @@ class OnlineSGPR(GPyTorchModel, GP, FantasizeMixin):
         shared = torch.cat([keep, torch.full_like(take, -1)])
         return new, shared
 
-    def _bound(self, X_t: Tensor, y: Tensor, inducing_points: Tensor, shared: Tensor | None):
-        r"""Online bound of a new (transformed) batch and the factor it would leave."""
+    def _bound(
+        self,
+        X_t: Tensor,
+        y: Tensor,
+        inducing_points: Tensor,
+        shared: Tensor | None,
+        summary: PseudoObservations | None = None,
+    ):
+        r"""Online bound of a new (transformed) batch and the factor it would leave.
+
+        ``summary`` is the data absorbed before the batch (default: all data so far).
+        """
         return streaming_collapsed_bound(
             self.covar_module,
             self.noise_variance,
             X_t,
             y,
             inducing_points,
-            self.pseudo_observations,
+            self.pseudo_observations if summary is None else summary,
             shared=shared,
             relative_jitter=self.jitter,
         )
 
-    def _loss(self, X_t: Tensor, y: Tensor, inducing_points: Tensor, shared: Tensor | None):
+    def _loss(
+        self,
+        X_t: Tensor,
+        y: Tensor,
+        inducing_points: Tensor,
+        shared: Tensor | None,
+        summary: PseudoObservations | None = None,
+    ):
         r"""Negative (online bound + log hyperprior), per observation seen."""
-        bound, _ = self._bound(X_t, y, inducing_points, shared)
+        bound, _ = self._bound(X_t, y, inducing_points, shared, summary)
         for _, module, prior, closure, _ in self.named_priors():
             bound = bound + prior.log_prob(closure(module)).sum()
         return -bound / (self.num_observed + X_t.shape[0]).clamp_min(1.0)
@@ -432,6 +472,8 @@ class OnlineSGPR(GPyTorchModel, GP, FantasizeMixin):
         On any failure (e.g. a non-finite bound after optimisation) the model and its
         selector are restored to their previous state before the error propagates.
         """
+        self._refresh_last_batch()
+        summary = self.pseudo_observations
         saved_state = {k: v.detach().clone() for k, v in self.state_dict().items()}
         saved_selector = (
             None if self.inducing_selector is None else dict(self.inducing_selector.__dict__)
@@ -442,7 +484,7 @@ class OnlineSGPR(GPyTorchModel, GP, FantasizeMixin):
             if self.steps_per_batch > 0:
                 Z = self._optimize(X_t, y, Z, shared)
             with torch.no_grad():
-                bound, factor = self._bound(X_t, y, Z, shared)
+                bound, factor = self._bound(X_t, y, Z, shared, summary)
             if not torch.isfinite(bound) or not torch.isfinite(factor.root).all():
                 raise ValueError(
                     "The online bound is not finite after this batch; the kernel "
@@ -458,7 +500,76 @@ class OnlineSGPR(GPyTorchModel, GP, FantasizeMixin):
         self._set_pseudo_observations(factor)
         self.num_observed = self.num_observed + X_t.shape[0]
         self.last_bound = bound.detach()
+        self._last_batch = _LastBatch(X_t.detach(), y.detach(), Z, shared, summary)
+        self._last_batch_hypers = self._hyperparameter_snapshot()
+        self._refit_pending = False
         self._clear_caches()
+
+    def _hyperparameter_snapshot(self) -> list[Tensor]:
+        return [p.detach().clone() for p in self._hyperparameters()]
+
+    def _refresh_last_batch(self) -> None:
+        r"""After a fit of :meth:`fit_objective`, re-absorb the last batch at the new values.
+
+        The summary of the earlier data is fixed (Bui et al.'s ``q_old / p_old``), but the
+        last batch is still held, so after ``fit_gpytorch_mll`` (which maximises its
+        online bound) its pseudo-observations are recomputed at the fitted
+        hyperparameters: the state ``observe`` leaves when its own optimizer steps find
+        them. ``O(M^2 (q + M))``. Hyperparameters changed any other way act on the next
+        batch only, as in Bui et al.
+        """
+        last = self._last_batch
+        if last is None or not self._refit_pending:
+            return
+        self._refit_pending = False
+        current = self._hyperparameters()
+        if all(torch.equal(a, b) for a, b in zip(current, self._last_batch_hypers, strict=True)):
+            return
+        with torch.no_grad():
+            bound, factor = self._last_batch_bound()
+        if not torch.isfinite(bound) or not torch.isfinite(factor.root).all():
+            raise ValueError(
+                "The online bound of the last batch is not finite at the current "
+                "hyperparameters; restore them (e.g. load_state_dict) or raise jitter."
+            )
+        self._set_pseudo_observations(factor)
+        self.last_bound = bound
+        self._last_batch_hypers = self._hyperparameter_snapshot()
+        self._invalidate()
+
+    def _last_batch_bound(self) -> tuple[Tensor, PseudoObservations]:
+        last = self._last_batch
+        return self._bound(last.X, last.y, last.inducing_points, last.shared, last.summary)
+
+    def fit_objective(self) -> tuple[Tensor, Tensor]:
+        r"""The online bound of all data absorbed by ``observe``, and their number.
+
+        The collapsed bound of the last batch given the summary of everything before it
+        (Bui et al. 2017, eq. 11; the Titsias SGPR bound when the model was built from one
+        batch) -- what ``observe``'s own optimizer steps maximise. ``fit_gpytorch_mll``
+        maximises it for any marginal likelihood wrapping the model; the last batch is
+        then re-absorbed at the fitted hyperparameters. After a checkpoint restore the
+        last batch is not held and the bound has no new batch: the approximate evidence
+        of the summarised data, in which the noise variance has no gradient.
+        """
+        last = self._last_batch
+        self._refit_pending = last is not None
+        if last is None:
+            empty = self.inducing_points[:0]
+            bound, _ = self._bound(empty, self.pseudo_eta[:0], self.inducing_points, None)
+        else:
+            bound, _ = self._last_batch_bound()
+        return bound, self.num_observed
+
+    def train(self, mode: bool = True) -> OnlineSGPR:
+        # fit_gpytorch_mll ends with ``mll.eval()``: re-absorb at the fitted values.
+        if not mode:
+            self._refresh_last_batch()
+        return super().train(mode)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        self._refresh_last_batch()
+        return super().state_dict(*args, **kwargs)
 
     def _restore_buffers(self, state: dict[str, Tensor]) -> None:
         for name in _STATE_BUFFERS:
@@ -467,17 +578,26 @@ class OnlineSGPR(GPyTorchModel, GP, FantasizeMixin):
         self._invalidate()
 
     # ------------------------------------------------------------ BoTorch API
-    def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True, **kwargs: Any):
-        r"""Load hyperparameters and the streaming state (e.g. to resume a stream).
+    def is_data_key(self, key: str) -> bool:
+        return key in _STATE_BUFFERS or super().is_data_key(key)
 
-        The inducing set may have a different size than this model's; no training
-        data are re-transformed. Selector state is not part of the state dict.
-        """
+    def _after_warm_start(self) -> None:
+        # The last batch is absorbed at the loaded hyperparameters, as if the model had
+        # had them when it absorbed it (a model built from one batch then equals a fresh
+        # one built with them).
+        self._refit_pending = True
+        self._refresh_last_batch()
+
+    def _prepare_state_load(self, state_dict: dict[str, Any]) -> None:
+        # The inducing set may have a different size than this model's; the last batch
+        # is not part of the state (see ``fit_objective``).
         for name in _STATE_BUFFERS:
             if name in state_dict:
                 setattr(self, name, torch.empty_like(state_dict[name]))
         self._clear_caches()
-        return torch.nn.Module.load_state_dict(self, state_dict, strict=strict)
+        self._last_batch = None
+        self._last_batch_hypers = None
+        self._refit_pending = False
 
     @property
     def batch_shape(self) -> torch.Size:

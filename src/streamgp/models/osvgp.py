@@ -61,7 +61,7 @@ from gpytorch.likelihoods import (
     Likelihood,
 )
 from gpytorch.means import ConstantMean, Mean
-from gpytorch.models import ApproximateGP
+from gpytorch.models import GP, ApproximateGP
 from gpytorch.variational import CholeskyVariationalDistribution, VariationalStrategy
 from linear_operator.operators import DenseLinearOperator
 from linear_operator.utils.cholesky import psd_safe_cholesky
@@ -72,6 +72,7 @@ from streamgp.linalg.variational import (
     streaming_kl_correction,
     whiten_gaussian,
 )
+from streamgp.models.base import StreamingModelMixin
 from streamgp.models.frozen_transforms import (
     assemble_posterior,
     fit_frozen_transforms,
@@ -82,6 +83,7 @@ from streamgp.utils.optimization import PersistentOptimizerMixin
 from streamgp.utils.validation import (
     check_conditioning_data,
     check_count,
+    check_no_known_noise,
     check_targets,
     check_tensor,
 )
@@ -167,13 +169,15 @@ class FrozenPosterior:
     prior_root: Tensor
 
 
-class OnlineSVGP(PersistentOptimizerMixin, Model, FantasizeMixin):
+class OnlineSVGP(StreamingModelMixin, PersistentOptimizerMixin, Model, GP, FantasizeMixin):
     r"""Streaming sparse variational GP (Bui et al. 2017) with generalized-VI weight ``beta``.
 
     Args:
         train_X: ``n x d`` initial inputs (``n`` may be 0 if ``inducing_points`` or
             ``inducing_selector`` provide the inducing set).
         train_Y: ``n x 1`` initial targets (``{0, 1}`` labels for a Bernoulli likelihood).
+        train_Yvar: Not supported (the noise level is learned); raises ``ValueError``
+            if given, as BoTorch code may pass it.
         inducing_points: ``M x d`` initial inducing points in the transformed input
             space. Default: ``num_inducing`` points chosen from the (transformed)
             ``train_X`` by greedy variance reduction (BoTorch's allocator).
@@ -217,11 +221,19 @@ class OnlineSVGP(PersistentOptimizerMixin, Model, FantasizeMixin):
     """
 
     _num_outputs = 1
+    #: The variational posterior summarises the data; kernel, mean and likelihood
+    #: parameters are the hyperparameters a warm start loads.
+    data_state_prefixes = (
+        "model.variational_strategy.",
+        "input_transform.",
+        "outcome_transform.",
+    )
 
     def __init__(
         self,
         train_X: Tensor,
         train_Y: Tensor,
+        train_Yvar: Tensor | None = None,
         *,
         inducing_points: Tensor | None = None,
         num_inducing: int = 64,
@@ -241,6 +253,7 @@ class OnlineSVGP(PersistentOptimizerMixin, Model, FantasizeMixin):
         input_transform: InputTransform | None = None,
         outcome_transform: OutcomeTransform | None = None,
     ) -> None:
+        check_no_known_noise(train_Yvar, "OnlineSVGP")
         # ---- validate everything before building anything
         check_tensor(train_X, "train_X", min_dim=2)
         if train_X.dim() != 2:
@@ -319,6 +332,7 @@ class OnlineSVGP(PersistentOptimizerMixin, Model, FantasizeMixin):
         self.likelihood = likelihood.to(**tkwargs)
         self.beta = float(beta)
         self.num_steps = num_steps
+        self.num_init_steps = num_init_steps
         self._init_optimizer(optimizer_cls, optimizer_kwargs, lr, keep_optimizer_state)
         self.frozen_posterior: FrozenPosterior | None = None
         self.num_observed = 0
@@ -601,26 +615,26 @@ class OnlineSVGP(PersistentOptimizerMixin, Model, FantasizeMixin):
         self._guarded(lambda: self._optimize(*self.last_batch, num_steps))
         return self
 
+    def fit_objective(self) -> tuple[Tensor, Tensor | int]:
+        r"""The streaming ELBO of the last absorbed batch, and the number of observations.
+
+        The objective ``observe`` and :meth:`refine` step on (Eq. A.8: the batch's
+        expected log likelihood minus ``beta`` times the KL terms against the frozen old
+        posterior), which accounts for every observation. ``fit_gpytorch_mll`` with any
+        marginal likelihood wrapping the model optimises it to convergence, jointly in the
+        variational parameters and the hyperparameters.
+        """
+        self._check_not_conditioned("fit_objective")
+        if self.last_batch is None:
+            raise RuntimeError("The model has absorbed no data; there is nothing to fit.")
+        return -self.streaming_loss(*self.last_batch), self.num_observed
+
     def _check_not_conditioned(self, method: str) -> None:
         if self._conditioning is not None:
             raise RuntimeError(
                 f"{method} is not available on a conditioned (fantasy) model; call it on "
                 "the model it was conditioned from."
             )
-
-    def _guarded(self, update) -> None:
-        r"""Run ``update``; restore the model if it raises or leaves non-finite parameters."""
-        snapshot = self._snapshot()
-        try:
-            update()
-            if not all(torch.isfinite(p).all() for p in self._trainable_parameters()):
-                raise RuntimeError(
-                    "The streaming update produced non-finite parameters (the optimizer "
-                    "diverged); the model was restored. Lower the learning rate."
-                )
-        except Exception:
-            self._restore(snapshot)
-            raise
 
     def _snapshot(self) -> tuple:
         r"""What :meth:`_restore` needs to undo a failed update (``O(M^2)`` copies)."""

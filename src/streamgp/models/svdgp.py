@@ -51,6 +51,7 @@ from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel, RBFKernel, ScaleKernel
 from gpytorch.likelihoods import BernoulliLikelihood, GaussianLikelihood, Likelihood
 from gpytorch.means import ConstantMean, Mean
+from gpytorch.models import GP
 from linear_operator.operators import DenseLinearOperator, DiagLinearOperator
 from torch import Tensor
 from torch.nn import Parameter
@@ -64,6 +65,7 @@ from streamgp.linalg.decoupled import (
     mean_kl_term,
 )
 from streamgp.linalg.variational import condition_on_noisy_observations
+from streamgp.models.base import StreamingModelMixin
 from streamgp.models.frozen_transforms import (
     assemble_posterior,
     fit_frozen_transforms,
@@ -74,6 +76,7 @@ from streamgp.utils.optimization import PersistentOptimizerMixin
 from streamgp.utils.validation import (
     check_conditioning_data,
     check_count,
+    check_no_known_noise,
     check_targets,
     check_tensor,
 )
@@ -81,12 +84,14 @@ from streamgp.utils.validation import (
 _VARIATIONAL = ("mean_basis", "mean_weights", "covar_basis", "covar_root")
 
 
-class DecoupledSVGP(PersistentOptimizerMixin, Model, FantasizeMixin):
+class DecoupledSVGP(StreamingModelMixin, PersistentOptimizerMixin, Model, GP, FantasizeMixin):
     r"""Decoupled sparse variational GP (Cheng & Boots 2017) with online basis growth.
 
     Args:
         train_X: ``n x d`` initial inputs (``n >= 1``).
         train_Y: ``n x 1`` initial targets (``{0, 1}`` labels for a Bernoulli likelihood).
+        train_Yvar: Not supported (the noise level is learned); raises ``ValueError``
+            if given, as BoTorch code may pass it.
         mean_basis: ``M_alpha x d`` initial mean basis (transformed input space).
             Default: the covariance basis followed by other training inputs in random
             order, up to ``max_mean_basis`` points.
@@ -143,10 +148,15 @@ class DecoupledSVGP(PersistentOptimizerMixin, Model, FantasizeMixin):
 
     _num_outputs = 1
 
+    #: The bases and variational parameters summarise the data; kernel, mean and
+    #: likelihood parameters are the hyperparameters a warm start loads.
+    data_state_prefixes = (*_VARIATIONAL, "input_transform.", "outcome_transform.")
+
     def __init__(
         self,
         train_X: Tensor,
         train_Y: Tensor,
+        train_Yvar: Tensor | None = None,
         *,
         mean_basis: Tensor | None = None,
         covar_basis: Tensor | None = None,
@@ -173,6 +183,7 @@ class DecoupledSVGP(PersistentOptimizerMixin, Model, FantasizeMixin):
         input_transform: InputTransform | None = None,
         outcome_transform: OutcomeTransform | None = None,
     ) -> None:
+        check_no_known_noise(train_Yvar, "DecoupledSVGP")
         # ---- validate everything before building anything
         check_tensor(train_X, "train_X", min_dim=2)
         if train_X.dim() != 2 or len(train_X) == 0:
@@ -237,6 +248,7 @@ class DecoupledSVGP(PersistentOptimizerMixin, Model, FantasizeMixin):
         self.kl_columns = minibatch_size if kl_columns is None else kl_columns
         self.replay_size = replay_size
         self.num_steps = num_steps
+        self.num_init_steps = num_init_steps
         self.learn_basis_locations = learn_basis_locations
         self.new_root_diagonal = float(new_root_diagonal)
         self.lr_decay = float(lr_decay)
@@ -360,6 +372,29 @@ class DecoupledSVGP(PersistentOptimizerMixin, Model, FantasizeMixin):
         columns = alpha if kl_columns is None else alpha[kl_columns]
         mean_term = mean_kl_term(self.mean_weights, self._kernel(alpha, columns), kl_columns)
         return expected_log_lik - decoupled_kl(mean_term, factors)
+
+    def fit_objective(self) -> tuple[Tensor, int]:
+        r"""The decoupled ELBO of the replay set, scaled to every observation, and ``n``.
+
+        The replay set is a uniform sample of the stream (all of it while ``n`` is at most
+        ``replay_size``), so this is the ELBO of all data, or an unbiased estimate of its
+        expected log likelihood; the KL is exact. ``fit_gpytorch_mll`` with any marginal
+        likelihood wrapping the model maximises it in the variational parameters and the
+        hyperparameters together.
+        """
+        if self._conditioning is not None:
+            raise RuntimeError(
+                "fit_objective is not available on a conditioned (fantasy) model; fit the "
+                "model it was conditioned from."
+            )
+        if len(self._replay_y) == 0:
+            raise RuntimeError(
+                "The replay set is empty (replay_size=0 or no data), so the ELBO has no "
+                "data term; fit with observe's steps instead."
+            )
+        return self.elbo(self._replay_X, self._replay_y, num_data=self.num_observed), (
+            self.num_observed
+        )
 
     # ------------------------------------------------------------- streaming
     def _set_optimal_parameters(self, X_t: Tensor, y: Tensor) -> None:
@@ -523,17 +558,7 @@ class DecoupledSVGP(PersistentOptimizerMixin, Model, FantasizeMixin):
         if len(X) == 0:
             return self
         X_t, Y_t, _ = transform_new_data(self, X, Y)
-        snapshot = self._snapshot()
-        try:
-            self._absorb(X_t, Y_t.squeeze(-1), num_steps)
-            if not all(torch.isfinite(p).all() for p in self._trainable_parameters()):
-                raise RuntimeError(
-                    "The streaming update produced non-finite parameters (the optimizer "
-                    "diverged); the model was restored. Lower the learning rate."
-                )
-        except Exception:
-            self._restore(snapshot)
-            raise
+        self._guarded(lambda: self._absorb(X_t, Y_t.squeeze(-1), num_steps))
         return self
 
     def _snapshot(self) -> tuple:

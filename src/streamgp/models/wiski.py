@@ -97,7 +97,7 @@ from streamgp.linalg.woodbury import (
     fold_low_rank,
     update_root,
 )
-from streamgp.mlls.woodbury import ski_marginal_log_likelihood
+from streamgp.models.base import StreamingModelMixin
 from streamgp.models.frozen_transforms import (
     assemble_posterior,
     fit_frozen_transforms,
@@ -167,11 +167,7 @@ _GRID_FIELDS = ("A", "b", "c", "n", "sum_log_noise", "sum_noise")
 _DATA_KEY_PREFIXES = ("statistics.", "stat_", "input_transform.", "outcome_transform.")
 
 
-def _is_data_key(key: str) -> bool:
-    return key.startswith(_DATA_KEY_PREFIXES)
-
-
-class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
+class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
     r"""Exact SKI Gaussian process with constant-time (in ``n``) online updates.
 
     Args:
@@ -218,6 +214,8 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
     STATISTICS_CHUNK = 8192
     #: Default ``data_space_limit``; None means ``min(m, MAX_DENSE_GRID)``.
     DATA_SPACE_LIMIT: int | None = None
+
+    data_state_prefixes = _DATA_KEY_PREFIXES
 
     def __init__(
         self,
@@ -444,17 +442,17 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         self._fold_conditioning()
         return self._statistics
 
-    def compute_custom_loss(self, mll: Any, **kwargs: Any) -> Tensor:
-        r"""The loss BoTorch's ``fit_gpytorch_mll`` minimises for this model, whatever ``mll``.
+    def fit_objective(self) -> tuple[Tensor, Tensor]:
+        r"""The exact SKI log marginal likelihood of every observation, and ``n``.
 
-        BoTorch's loss closures call it for any marginal likelihood wrapping this model, so
-        ``fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))`` and a
-        ``SumMarginalLogLikelihood`` over a ``ModelListGP`` fit the exact SKI likelihood
-        (:func:`~streamgp.mlls.woodbury.ski_marginal_log_likelihood`); a generic gpytorch
-        likelihood would call ``model(*model.train_inputs)``, and a ``WiskiGP`` keeps
-        statistics, not training inputs.
+        What ``fit_gpytorch_mll`` maximises (per datum, with the priors) for any marginal
+        likelihood wrapping this model, ``ExactMarginalLogLikelihood`` and a
+        ``SumMarginalLogLikelihood`` over a ``ModelListGP`` included
+        (:meth:`~streamgp.models.base.StreamingModelMixin.compute_custom_loss`).
         """
-        return -ski_marginal_log_likelihood(mll)
+        statistics = self.training_statistics()
+        value = statistics.log_marginal_likelihood(self.kernel_root(), self.noise_variance)
+        return value, statistics.n
 
     def kernel_root(self) -> GridKernelRoot:
         r"""Root ``L_K`` of ``K_UU`` at the current hyperparameters (differentiable)."""
@@ -586,40 +584,9 @@ class WiskiGP(GPyTorchModel, GP, FantasizeMixin):
         self._set_statistics(statistics)
 
     # ------------------------------------------------------------ BoTorch API
-    def load_state_dict(
-        self,
-        state_dict: dict[str, Any],
-        strict: bool = True,
-        keep_transforms: bool = True,
-        **kwargs: Any,
-    ):
-        r"""Load hyperparameters (a warm start), or a whole stream (a checkpoint).
-
-        As in BoTorch, the default ``keep_transforms=True`` keeps this model's transforms
-        and its data: only the hyperparameters are loaded from ``state_dict``, and the
-        statistics and transform buffers in it are ignored. This is the warm start of
-        BoTorch's tutorials (rebuild on all data, load the previous model's state).
-
-        ``keep_transforms=False`` restores everything ``state_dict()`` saved: the
-        hyperparameters, the frozen transforms and the statistics (every observation,
-        already in the transformed space, so nothing is re-transformed). Use it to resume
-        a stream from ``torch.save(model.state_dict(), path)``; the file holds tensors
-        only, so ``torch.load(path, weights_only=True)`` reads it.
-
-        Args:
-            state_dict: From ``state_dict()`` of a ``WiskiGP`` on the same grid.
-            strict: As ``torch.nn.Module.load_state_dict``.
-            keep_transforms: Keep this model's data and transforms (default), or
-                restore those in ``state_dict``.
-        """
-        if keep_transforms:
-            # A fixed-noise likelihood holds the mean noise of this model's rows: data too.
-            def is_data(key: str) -> bool:
-                return _is_data_key(key) or (self.fixed_noise and key.startswith("likelihood."))
-
-            own = {k: v for k, v in self.state_dict().items() if is_data(k)}
-            state_dict = {k: v for k, v in state_dict.items() if not is_data(k)} | own
-        return torch.nn.Module.load_state_dict(self, state_dict, strict=strict)
+    def is_data_key(self, key: str) -> bool:
+        # A fixed-noise likelihood holds the mean noise of this model's rows: data too.
+        return super().is_data_key(key) or (self.fixed_noise and key.startswith("likelihood."))
 
     @property
     def batch_shape(self) -> torch.Size:

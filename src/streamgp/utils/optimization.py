@@ -9,6 +9,7 @@ only while the parameters are the same tensors: a model that replaces a paramete
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -68,3 +69,74 @@ class PersistentOptimizerMixin:
             self._optimizer = self.optimizer_cls(params, **self.optimizer_kwargs)
             self._optimizer_params = params
         return self._optimizer
+
+    def _snapshot(self) -> Any:
+        r"""What :meth:`_restore` needs to undo a failed update."""
+        raise NotImplementedError
+
+    def _restore(self, snapshot: Any) -> None:
+        raise NotImplementedError
+
+    def _guarded(self, update: Callable[[], Any]) -> None:
+        r"""Run ``update``; restore the model if it raises or leaves non-finite parameters."""
+        snapshot = self._snapshot()
+        try:
+            update()
+            if not all(torch.isfinite(p).all() for p in self._trainable_parameters()):
+                raise RuntimeError(
+                    "The update produced non-finite parameters (the optimizer diverged); "
+                    "the model was restored. Lower the learning rate."
+                )
+        except Exception:
+            self._restore(snapshot)
+            raise
+
+    def custom_fit(
+        self,
+        mll: Any,
+        closure: Callable[..., Any] | None = None,
+        closure_kwargs: dict[str, Any] | None = None,
+        optimizer_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        r"""What ``botorch.fit.fit_gpytorch_mll`` runs for this model: its own optimizer.
+
+        BoTorch hands a model with ``custom_fit`` the fit. Quasi-Newton on the
+        variational parameters (BoTorch's default for a marginal likelihood) takes
+        thousands of evaluations of a streaming ELBO, so the model's own optimizer
+        (``optimizer_cls`` with ``optimizer_kwargs``, kept across batches) takes
+        ``num_init_steps`` steps on the model's objective (``compute_custom_loss``),
+        or ``optimizer_kwargs["step_limit"]`` (also read from
+        ``optimizer_kwargs["options"]["maxiter"]``) steps.
+
+        Returns:
+            ``mll`` in eval mode. If the steps diverge, the model is restored and
+            ``RuntimeError`` is raised.
+        """
+        options = dict(optimizer_kwargs or {})
+        num_steps = options.get("step_limit", options.get("options", {}).get("maxiter"))
+        num_steps = self.num_init_steps if num_steps is None else int(num_steps)
+
+        def fit() -> None:
+            optimizer = self._get_optimizer()
+            if optimizer is None:
+                return
+
+            def step() -> Tensor:
+                optimizer.zero_grad()
+                if closure is None:
+                    loss = self.compute_custom_loss(mll)
+                    loss.backward()
+                else:  # BoTorch's closures set the gradients themselves
+                    loss, _ = closure(**(closure_kwargs or {}))
+                return loss
+
+            for _ in range(num_steps):
+                optimizer.step(step)
+
+        mll.train()
+        try:
+            self._guarded(fit)
+        finally:
+            mll.eval()
+        return mll

@@ -198,3 +198,18 @@ def check_conditioning_data(
     if noise is not None:
         check_tensor(noise, "noise", like=like, min_dim=2, last_dim=1)
         check_positive(noise, "noise")
+
+
+def check_no_known_noise(train_Yvar: object | None, model: str) -> None:
+    r"""Refuse observation noise variances for a model that learns one noise level.
+
+    BoTorch code (and Ax, for metrics with known noise) passes ``train_Yvar`` to any model
+    class; a model with a learned homoskedastic likelihood says so at construction
+    instead of ignoring the variances.
+    """
+    if train_Yvar is not None:
+        raise ValueError(
+            f"{model} learns a homoskedastic noise level; known observation noise "
+            "(train_Yvar) is not supported. Leave train_Yvar out, or use WiskiGP or KissGP, "
+            "which take known noise."
+        )

@@ -1,0 +1,22 @@
+r"""The normalisation every streamgp fitting objective shares with gpytorch's MLLs."""
+
+from __future__ import annotations
+
+import torch
+from gpytorch.mlls import MarginalLogLikelihood
+from torch import Tensor
+
+
+def per_datum_objective(mll: MarginalLogLikelihood, value: Tensor, n: Tensor | int) -> Tensor:
+    r"""``(value + log hyperprior) / n``, as gpytorch's ``ExactMarginalLogLikelihood``.
+
+    Args:
+        mll: The marginal likelihood module; the priors registered on it and on the
+            modules it holds (the model, the likelihood) are added once each.
+        value: The model's log marginal likelihood or bound, summed over observations.
+        n: The number of observations (clamped below at 1, so an empty model's
+            objective is its log hyperprior).
+    """
+    for _, module, prior, closure, _ in mll.named_priors():
+        value = value + prior.log_prob(closure(module)).sum()
+    return value / torch.as_tensor(n, dtype=value.dtype, device=value.device).clamp_min(1.0)

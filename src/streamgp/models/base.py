@@ -1,0 +1,105 @@
+r"""What every streamgp model shares with BoTorch's own entry points.
+
+BoTorch client code (its tutorials, Ax) fits a model with
+``fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))`` or a
+``SumMarginalLogLikelihood`` over a ``ModelListGP``, and warm-starts a model rebuilt on
+all data with ``model.load_state_dict(old_model.state_dict())``. Streaming models keep
+summaries of their data (sufficient statistics, pseudo-observations, a variational
+posterior), not ``train_inputs``, so both entry points need the model's help:
+
+- :meth:`StreamingModelMixin.compute_custom_loss` is the hook BoTorch's loss closures
+  call (``botorch.optim.closures.model_closures``) for any marginal likelihood whose
+  ``model`` has it. It returns the model's own objective (the exact SKI likelihood, the
+  online collapsed bound, the streaming ELBO, ...) from :meth:`fit_objective`, plus the
+  log densities of the priors registered on the marginal likelihood, divided by the
+  number of observations as gpytorch's ``ExactMarginalLogLikelihood`` normalises.
+- :meth:`StreamingModelMixin.load_state_dict` keeps the receiving model's data by
+  default: only hyperparameters are loaded (BoTorch's ``keep_transforms=True``
+  semantics, extended to the data summaries). ``keep_transforms=False`` restores
+  everything ``state_dict()`` saved, to resume a stream.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from streamgp.mlls.objective import per_datum_objective
+
+
+class StreamingModelMixin:
+    r"""Fitting and warm-start plumbing shared by streamgp's models.
+
+    A model lists it before its BoTorch base classes and gpytorch's ``GP`` (which
+    gpytorch's marginal likelihoods require of their ``model``), sets
+    :attr:`data_state_prefixes` (the ``state_dict`` keys that hold data rather than
+    hyperparameters) and implements :meth:`fit_objective`.
+    """
+
+    #: ``state_dict`` key prefixes that belong to the data (summaries of the
+    #: observations, frozen transforms), not to the hyperparameters.
+    data_state_prefixes: tuple[str, ...] = ("input_transform.", "outcome_transform.")
+
+    def fit_objective(self) -> tuple[Tensor, Tensor]:
+        r"""The model's own objective of all its data and the number of observations.
+
+        Returns:
+            ``(value, n)``: the log marginal likelihood (or the bound the model
+            maximises), summed over observations and differentiable in the parameters
+            BoTorch should fit, and ``n`` (a tensor) to normalise by.
+        """
+        raise NotImplementedError
+
+    def compute_custom_loss(self, mll: Any, **kwargs: Any) -> Tensor:
+        r"""The loss BoTorch's ``fit_gpytorch_mll`` minimises for this model, whatever ``mll``.
+
+        BoTorch's loss closures call this for any marginal likelihood wrapping the model,
+        so ``ExactMarginalLogLikelihood(model.likelihood, model)`` and a
+        ``SumMarginalLogLikelihood`` over a ``ModelListGP`` fit :meth:`fit_objective`
+        (a generic gpytorch likelihood would call ``model(*model.train_inputs)``).
+        """
+        value, n = self.fit_objective()
+        return -per_datum_objective(mll, value, n)
+
+    def is_data_key(self, key: str) -> bool:
+        r"""Whether ``state_dict()[key]`` holds data rather than a hyperparameter."""
+        return key.startswith(self.data_state_prefixes)
+
+    def load_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        strict: bool = True,
+        keep_transforms: bool = True,
+        **kwargs: Any,
+    ):
+        r"""Load hyperparameters (a warm start), or a whole stream (a checkpoint).
+
+        With the default ``keep_transforms=True`` this model keeps its data and
+        transforms: only the hyperparameters are taken from ``state_dict``, whatever data
+        the model that saved it had seen. This is the warm start of BoTorch's tutorials
+        (rebuild on all data, load the previous model's state). ``keep_transforms=False``
+        restores everything ``state_dict()`` saved, to resume a stream; the state holds
+        tensors only, so ``torch.load(path, weights_only=True)`` reads it.
+
+        Args:
+            state_dict: From ``state_dict()`` of a model of the same class.
+            strict: As ``torch.nn.Module.load_state_dict``.
+            keep_transforms: Keep this model's data and transforms (default), or
+                restore those in ``state_dict``.
+        """
+        if not keep_transforms:
+            self._prepare_state_load(state_dict)
+            return torch.nn.Module.load_state_dict(self, state_dict, strict=strict)
+        own = {k: v for k, v in self.state_dict().items() if self.is_data_key(k)}
+        state_dict = {k: v for k, v in state_dict.items() if not self.is_data_key(k)} | own
+        result = torch.nn.Module.load_state_dict(self, state_dict, strict=strict)
+        self._after_warm_start()
+        return result
+
+    def _prepare_state_load(self, state_dict: dict[str, Any]) -> None:
+        r"""Resize data buffers to ``state_dict``'s before a checkpoint restore."""
+
+    def _after_warm_start(self) -> None:
+        r"""Bring derived state up to the hyperparameters a warm start loaded."""

@@ -1,0 +1,217 @@
+"""Every streamgp model through BoTorch's own entry points, as client code written for SingleTaskGP.
+
+BoTorch's closed-loop tutorial: objective and constraint as a ``ModelListGP``, fitted with
+``fit_gpytorch_mll(SumMarginalLogLikelihood(...))``, qLogEI and qLogNEI with constraints,
+and a rebuild on all data warm-started with ``load_state_dict``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from botorch.acquisition.logei import qLogExpectedImprovement, qLogNoisyExpectedImprovement
+from botorch.acquisition.objective import GenericMCObjective
+from botorch.fit import fit_gpytorch_mll
+from botorch.models import ModelListGP
+from botorch.models.transforms import Normalize, Standardize
+from botorch.optim import optimize_acqf
+from botorch.optim.closures import get_loss_closure
+from botorch.sampling import SobolQMCNormalSampler
+from gpytorch.mlls import ExactMarginalLogLikelihood, SumMarginalLogLikelihood
+from oracles_sgpr import rel_err, titsias
+
+from streamgp.models import DecoupledSVGP, KissGP, LocalGP, OnlineSGPR, OnlineSVGP, WiskiGP
+
+DTYPE = torch.float64
+BOUNDS = torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]], dtype=DTYPE)
+
+FACTORIES = {
+    "WiskiGP": lambda X, Y, **kw: WiskiGP(X, Y, grid_size=8, **kw),
+    "KissGP": lambda X, Y, **kw: KissGP(X, Y, grid_size=8, **kw),
+    "OnlineSGPR": lambda X, Y, **kw: OnlineSGPR(X, Y, num_inducing=8, **kw),
+    "OnlineSVGP": lambda X, Y, **kw: OnlineSVGP(X, Y, num_inducing=6, num_init_steps=30, **kw),
+    "DecoupledSVGP": lambda X, Y, **kw: DecoupledSVGP(X, Y, num_init_steps=30, **kw),
+    "LocalGP": lambda X, Y, **kw: LocalGP(X, Y, w_gen=0.3, n_max=40, **kw),
+}
+LEARNED_NOISE_ONLY = ["OnlineSGPR", "OnlineSVGP", "DecoupledSVGP", "LocalGP"]
+
+
+def _problem(X):
+    objective = -(X - 0.4).square().sum(-1, keepdim=True) + 0.05 * torch.randn(len(X), 1)
+    constraint = X.sum(-1, keepdim=True) - 1.5  # feasible when <= 0
+    return objective.to(DTYPE), constraint
+
+
+def _build(name, X, Y):
+    kw = {"input_transform": Normalize(3, bounds=BOUNDS), "outcome_transform": Standardize(1)}
+    return FACTORIES[name](X, Y, **kw)
+
+
+def _num_data(model) -> int:
+    if isinstance(model, KissGP | WiskiGP | OnlineSGPR):
+        return model.num_train
+    if isinstance(model, LocalGP):
+        return int(model.counts.sum())
+    return model.num_observed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(FACTORIES))
+def test_closed_loop_tutorial_pattern(name):
+    X = torch.rand(12, 3, dtype=DTYPE)
+    Y = torch.cat(_problem(X), dim=-1)
+    state_dict = None
+    objective = GenericMCObjective(lambda Z, X=None: Z[..., 0])
+    constraints = [lambda Z: Z[..., 1]]
+    for _ in range(2):
+        model = ModelListGP(*[_build(name, X, Y[:, i : i + 1]) for i in range(2)])
+        if state_dict is not None:
+            model.load_state_dict(state_dict)
+            assert all(_num_data(m) == len(X) for m in model.models)  # nothing lost
+        fit_gpytorch_mll(SumMarginalLogLikelihood(model.likelihood, model))
+        assert not model.training
+        sampler = SobolQMCNormalSampler(torch.Size([16]))
+        feasible = Y[:, 1] <= 0
+        best = Y[feasible, 0].max() if feasible.any() else Y[:, 0].min()
+        candidates = []
+        for acqf in (
+            qLogExpectedImprovement(
+                model, best, sampler, objective=objective, constraints=constraints
+            ),
+            qLogNoisyExpectedImprovement(
+                model, X, sampler, objective=objective, constraints=constraints
+            ),
+        ):
+            new_X, value = optimize_acqf(acqf, BOUNDS, q=2, num_restarts=2, raw_samples=16)
+            assert new_X.shape == (2, 3) and torch.isfinite(value)
+            candidates.append(new_X)
+        new_X = torch.cat(candidates)
+        X, Y = torch.cat([X, new_X]), torch.cat([Y, torch.cat(_problem(new_X), dim=-1)])
+        state_dict = model.state_dict()
+    # The list's joint posterior is the models' posteriors, output by output.
+    Xs = torch.rand(4, 3, dtype=DTYPE)
+    post = model.posterior(Xs[None].expand(2, 4, 3))
+    for i, sub in enumerate(model.models):
+        single = sub.posterior(Xs[None].expand(2, 4, 3))
+        assert rel_err(post.mean[..., i], single.mean[..., 0]) < 1e-12
+        assert rel_err(post.variance[..., i], single.variance[..., 0]) < 1e-12
+    if name == "LocalGP":  # local experts do not condition on fantasies
+        return
+    # Fantasies through the list (what qKG / qNIPV do): one batch per fantasy.
+    fantasy = model.fantasize(Xs[:2], SobolQMCNormalSampler(torch.Size([3])))
+    assert fantasy.posterior(Xs).mean.shape == (3, 4, 2)
+
+
+@pytest.mark.parametrize("name", list(FACTORIES))
+def test_loss_closure_is_the_models_objective_and_fitting_improves_it(name):
+    X = torch.rand(15, 3, dtype=DTYPE)
+    model = _build(name, X, _problem(X)[0])
+    mll = ExactMarginalLogLikelihood(model.likelihood, model)
+    mll.train()
+    loss = get_loss_closure(mll)()
+    if name == "KissGP":  # an ExactGP: gpytorch's own SKI likelihood on train_inputs
+        reference = -mll(model(*model.train_inputs), model.train_targets)
+    else:
+        value, n = model.fit_objective()
+        priors = sum(
+            prior.log_prob(closure(module)).sum()
+            for _, module, prior, closure, _ in mll.named_priors()
+        )
+        reference = -(value + priors) / n
+    assert torch.allclose(loss, reference, rtol=1e-12)
+    fit_gpytorch_mll(mll)
+    mll.train()
+    assert get_loss_closure(mll)().item() < loss.item()
+
+
+def test_online_sgpr_fit_is_the_sgpr_fit_of_its_last_batch():
+    """Built from one batch, the fit maximises Titsias' bound and the posterior follows."""
+    X = torch.rand(30, 2, dtype=DTYPE)
+    Y = torch.sin(5 * X).sum(-1, keepdim=True) + 0.1 * torch.randn(30, 1, dtype=DTYPE)
+    model = OnlineSGPR(X, Y, inducing_points=X[:10], jitter=1e-10)
+    mll = ExactMarginalLogLikelihood(model.likelihood, model)
+    value, n = model.fit_objective()
+    with torch.no_grad():
+        bound, *_ = titsias(
+            model.covar_module, model.noise_variance, X, Y.squeeze(-1), X[:10], 1e-10
+        )
+    assert rel_err(value, bound) < 1e-10 and n == 30
+    fit_gpytorch_mll(mll)
+    # Re-absorbed at the fitted hyperparameters: a fresh model built with them.
+    fresh = OnlineSGPR(
+        X,
+        Y,
+        inducing_points=X[:10],
+        jitter=1e-10,
+        covar_module=copy.deepcopy(model.covar_module),
+        likelihood=copy.deepcopy(model.likelihood),
+    )
+    Xs = torch.rand(6, 2, dtype=DTYPE)
+    p, ref = model.posterior(Xs), fresh.posterior(Xs)
+    assert rel_err(p.mean, ref.mean) < 1e-10
+    assert rel_err(p.variance, ref.variance) < 1e-10
+    assert rel_err(model.fit_objective()[0], fresh.fit_objective()[0]) < 1e-10
+
+
+@pytest.mark.parametrize("name", list(FACTORIES))
+def test_warm_start_loads_hyperparameters_and_keeps_the_data(name):
+    X = torch.rand(30, 3, dtype=DTYPE)
+    Y = _problem(X)[0]
+    old = _build(name, X[:12], Y[:12])
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(old.likelihood, old))
+    new = _build(name, X, Y)
+    own_data = {k: v.clone() for k, v in new.state_dict().items() if _is_data(new, k)}
+    new.load_state_dict(old.state_dict())
+    assert _num_data(new) == 30
+    state = new.state_dict()
+    for key, value in old.state_dict().items():
+        if _is_data(new, key):
+            if name == "OnlineSGPR" and key.startswith("pseudo_"):
+                continue  # its last batch is re-absorbed at the loaded values (next test)
+            assert torch.equal(state[key], own_data[key]), key
+        else:
+            assert torch.equal(state[key], value), key
+
+
+def _is_data(model, key: str) -> bool:
+    # KissGP is an ExactGP holding its data: BoTorch's own load_state_dict loads the
+    # transforms too and re-transforms the data with them.
+    return model.is_data_key(key) if hasattr(model, "is_data_key") else False
+
+
+@pytest.mark.parametrize("name", ["WiskiGP", "OnlineSGPR"])
+def test_warm_started_predictions_equal_a_fresh_model_with_those_hyperparameters(name):
+    X = torch.rand(30, 3, dtype=DTYPE)
+    Y = _problem(X)[0]
+    old = _build(name, X[:12], Y[:12])
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(old.likelihood, old))
+    new = _build(name, X, Y)
+    new.load_state_dict(old.state_dict())
+    fresh = _build(name, X, Y)
+    hyperparameters = {k: v for k, v in old.state_dict().items() if not _is_data(fresh, k)}
+    torch.nn.Module.load_state_dict(fresh, hyperparameters, strict=False)
+    if isinstance(fresh, OnlineSGPR):  # absorb at those values from the start
+        fresh = OnlineSGPR(
+            X,
+            Y,
+            num_inducing=8,
+            covar_module=copy.deepcopy(fresh.covar_module),
+            likelihood=copy.deepcopy(fresh.likelihood),
+            input_transform=Normalize(3, bounds=BOUNDS),
+            outcome_transform=Standardize(1),
+        )
+    new.eval(), fresh.eval()
+    Xs = torch.rand(6, 3, dtype=DTYPE)
+    p, ref = new.posterior(Xs), fresh.posterior(Xs)
+    assert rel_err(p.mean, ref.mean) < 1e-10
+    assert rel_err(p.variance, ref.variance) < 1e-10
+
+
+@pytest.mark.parametrize("name", LEARNED_NOISE_ONLY)
+def test_known_noise_on_a_learned_noise_model_fails_at_construction(name):
+    X = torch.rand(10, 3, dtype=DTYPE)
+    Y = _problem(X)[0]
+    with pytest.raises(ValueError, match="train_Yvar"):
+        FACTORIES[name](X, Y, train_Yvar=torch.full_like(Y, 0.01))
