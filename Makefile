@@ -18,7 +18,12 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(PY) -m streamgp.demo
 
-test: $(VENV)/.installed
+# The test suite also covers the optional Ax integration (streamgp[ax]).
+$(VENV)/.installed-ax: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e ".[test,plots,ax]"
+	touch $@
+
+test: $(VENV)/.installed-ax
 	$(PY) -m pytest -q
 
 lint: $(VENV)/.installed

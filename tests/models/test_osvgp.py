@@ -409,8 +409,9 @@ def test_bad_inputs_raise_and_leave_model_unchanged(fitted):
 
 def test_bad_constructor_arguments():
     X, Y = _toy(10)
+    assert 0 < len(OnlineSVGP(X, Y, num_init_steps=0).inducing_points) <= 10  # not 64
     with pytest.raises(ValueError, match="num_inducing=64"):
-        OnlineSVGP(X, Y)
+        OnlineSVGP(X[:0], Y[:0])
     with pytest.raises(TypeError, match="likelihood must be"):
         OnlineSVGP(X, Y, num_inducing=4, likelihood=torch.nn.Module())
     with pytest.raises(ValueError, match="beta must be a positive"):

@@ -24,9 +24,23 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from botorch.models.model import Model
+from botorch.utils.datasets import SupervisedDataset
 from torch import Tensor
 
 from streamgp.mlls.objective import per_datum_objective
+
+
+def construct_inputs_with_options(
+    cls: type, training_data: SupervisedDataset, **options: Any
+) -> dict[str, Any]:
+    r"""BoTorch's ``construct_inputs`` plus constructor options (Ax's ``model_options``).
+
+    BoTorch's base version takes the dataset only, so Ax's
+    ``ModelConfig(model_options={"grid_size": 16})`` would fail; here the options are
+    passed through to the constructor, which names any it does not take.
+    """
+    return {**Model.construct_inputs.__func__(cls, training_data), **options}
 
 
 class StreamingModelMixin:
@@ -41,6 +55,8 @@ class StreamingModelMixin:
     #: ``state_dict`` key prefixes that belong to the data (summaries of the
     #: observations, frozen transforms), not to the hyperparameters.
     data_state_prefixes: tuple[str, ...] = ("input_transform.", "outcome_transform.")
+
+    construct_inputs = classmethod(construct_inputs_with_options)
 
     def fit_objective(self) -> tuple[Tensor, Tensor]:
         r"""The model's own objective of all its data and the number of observations.

@@ -98,6 +98,7 @@ from streamgp.linalg.grid_kernel import grid_kernel_root, is_separable
 from streamgp.linalg.love import DEFAULT_TOLERANCE, compress_root
 from streamgp.linalg.structured import structured_grid_posterior
 from streamgp.linalg.woodbury import GridPosterior, LowRankCorrection, factorize
+from streamgp.models.base import construct_inputs_with_options
 from streamgp.models.frozen_transforms import (
     assemble_posterior,
     fit_frozen_transforms,
@@ -200,18 +201,20 @@ class KissGP(GPyTorchModel, ExactGP, FantasizeMixin):
     #: Rows per chunk when accumulating the grid statistics from the data.
     STATISTICS_CHUNK = 8192
 
+    construct_inputs = classmethod(construct_inputs_with_options)
+
     def __init__(
         self,
         train_X: Tensor,
         train_Y: Tensor,
         train_Yvar: Tensor | None = None,
+        likelihood: GaussianLikelihood | None = None,
+        covar_module: Kernel | None = None,
+        outcome_transform: OutcomeTransform | None = None,
+        input_transform: InputTransform | None = None,
         *,
         grid_size: int | Sequence[int] | None = None,
         grid_bounds: Tensor | None = None,
-        covar_module: Kernel | None = None,
-        likelihood: GaussianLikelihood | None = None,
-        input_transform: InputTransform | None = None,
-        outcome_transform: OutcomeTransform | None = None,
     ) -> None:
         check_grid_model_data(train_X, train_Y, train_Yvar, likelihood, allow_empty=False)
         check_grid_input_transform(input_transform)

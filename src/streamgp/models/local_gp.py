@@ -44,7 +44,7 @@ import math
 from typing import Any
 
 import torch
-from botorch.models.model import Model
+from botorch.models.gpytorch import GPyTorchModel
 from botorch.models.transforms.input import InputTransform
 from botorch.models.transforms.outcome import OutcomeTransform
 from botorch.posteriors.gpytorch import GPyTorchPosterior
@@ -66,7 +66,7 @@ from streamgp.models.frozen_transforms import (
 from streamgp.utils.validation import check_count, check_no_known_noise, check_targets, check_tensor
 
 
-class LocalGP(StreamingModelMixin, Model, GP):
+class LocalGP(StreamingModelMixin, GPyTorchModel, GP):
     r"""Local GP regression (Nguyen-Tuong et al. 2008) with ``n_max`` points per local model.
 
     Args:
@@ -108,15 +108,15 @@ class LocalGP(StreamingModelMixin, Model, GP):
         train_X: Tensor,
         train_Y: Tensor,
         train_Yvar: Tensor | None = None,
-        *,
+        likelihood: GaussianLikelihood | None = None,
         covar_module: Kernel | None = None,
         mean_module: Mean | None = None,
-        likelihood: GaussianLikelihood | None = None,
+        outcome_transform: OutcomeTransform | None = None,
+        input_transform: InputTransform | None = None,
+        *,
         w_gen: float = 0.5,
         n_max: int = 100,
         num_nearest: int = 3,
-        input_transform: InputTransform | None = None,
-        outcome_transform: OutcomeTransform | None = None,
     ) -> None:
         check_no_known_noise(train_Yvar, "LocalGP")
         check_tensor(train_X, "train_X", min_dim=2)

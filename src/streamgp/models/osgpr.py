@@ -146,11 +146,13 @@ class OnlineSGPR(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         train_X: Tensor,
         train_Y: Tensor,
         train_Yvar: Tensor | None = None,
+        likelihood: GaussianLikelihood | None = None,
+        covar_module: Kernel | None = None,
+        outcome_transform: OutcomeTransform | None = None,
+        input_transform: InputTransform | None = None,
         *,
         inducing_points: Tensor | None = None,
         num_inducing: int | None = None,
-        covar_module: Kernel | None = None,
-        likelihood: GaussianLikelihood | None = None,
         inducing_selector: InducingPointSelector | None = None,
         new_inducing_fraction: float = 0.3,
         learn_inducing_points: bool = False,
@@ -158,8 +160,6 @@ class OnlineSGPR(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         lr: float = 0.01,
         jitter: float | None = None,
         seed: int = 0,
-        input_transform: InputTransform | None = None,
-        outcome_transform: OutcomeTransform | None = None,
     ) -> None:
         check_no_known_noise(train_Yvar, "OnlineSGPR")
         check_tensor(train_X, "train_X", min_dim=2)

@@ -47,7 +47,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from botorch.models.model import FantasizeMixin, Model
+from botorch.models.gpytorch import GPyTorchModel
+from botorch.models.model import FantasizeMixin
 from botorch.models.transforms.input import InputTransform
 from botorch.models.transforms.outcome import OutcomeTransform
 from botorch.models.utils.inducing_point_allocators import GreedyVarianceReduction
@@ -169,7 +170,7 @@ class FrozenPosterior:
     prior_root: Tensor
 
 
-class OnlineSVGP(StreamingModelMixin, PersistentOptimizerMixin, Model, GP, FantasizeMixin):
+class OnlineSVGP(StreamingModelMixin, PersistentOptimizerMixin, GPyTorchModel, GP, FantasizeMixin):
     r"""Streaming sparse variational GP (Bui et al. 2017) with generalized-VI weight ``beta``.
 
     Args:
@@ -181,7 +182,8 @@ class OnlineSVGP(StreamingModelMixin, PersistentOptimizerMixin, Model, GP, Fanta
         inducing_points: ``M x d`` initial inducing points in the transformed input
             space. Default: ``num_inducing`` points chosen from the (transformed)
             ``train_X`` by greedy variance reduction (BoTorch's allocator).
-        num_inducing: Number of inducing points when they are chosen from ``train_X``.
+        num_inducing: Number of inducing points when they are chosen from ``train_X``
+            (all of ``train_X`` if it has fewer points).
         covar_module: Kernel. Default: ``ScaleKernel(RBFKernel(ard_num_dims=d))`` with
             gpytorch's softplus-constrained parameters, which plain gradient steps
             cannot push out of their domain.
@@ -234,12 +236,14 @@ class OnlineSVGP(StreamingModelMixin, PersistentOptimizerMixin, Model, GP, Fanta
         train_X: Tensor,
         train_Y: Tensor,
         train_Yvar: Tensor | None = None,
+        likelihood: Likelihood | None = None,
+        covar_module: Kernel | None = None,
+        mean_module: Mean | None = None,
+        outcome_transform: OutcomeTransform | None = None,
+        input_transform: InputTransform | None = None,
         *,
         inducing_points: Tensor | None = None,
         num_inducing: int = 64,
-        covar_module: Kernel | None = None,
-        mean_module: Mean | None = None,
-        likelihood: Likelihood | None = None,
         beta: float = 1e-3,
         num_steps: int = 1,
         num_init_steps: int = 200,
@@ -250,8 +254,6 @@ class OnlineSVGP(StreamingModelMixin, PersistentOptimizerMixin, Model, GP, Fanta
         optimizer_kwargs: dict[str, Any] | None = None,
         keep_optimizer_state: bool = True,
         jitter: float | None = None,
-        input_transform: InputTransform | None = None,
-        outcome_transform: OutcomeTransform | None = None,
     ) -> None:
         check_no_known_noise(train_Yvar, "OnlineSVGP")
         # ---- validate everything before building anything
@@ -298,11 +300,11 @@ class OnlineSVGP(StreamingModelMixin, PersistentOptimizerMixin, Model, GP, Fanta
                     "inducing_points must have shape M x d with M >= 1, got "
                     f"{tuple(inducing_points.shape)}."
                 )
-        elif inducing_selector is None and (num_inducing < 1 or len(train_X) < num_inducing):
+        elif inducing_selector is None and (num_inducing < 1 or len(train_X) == 0):
             raise ValueError(
                 f"Cannot choose num_inducing={num_inducing} inducing points from "
                 f"{len(train_X)} training points; pass inducing_points, an "
-                "inducing_selector, or a smaller num_inducing (>= 1)."
+                "inducing_selector, or training points (and num_inducing >= 1)."
             )
 
         super().__init__()
@@ -319,8 +321,10 @@ class OnlineSVGP(StreamingModelMixin, PersistentOptimizerMixin, Model, GP, Fanta
             inducing_points = self._select_inducing(train_X_t, dim, tkwargs)
         elif inducing_points is None:
             with torch.no_grad():
+                # Fewer training points than num_inducing (e.g. Ax's first model after
+                # five initial trials): start with all of them, as BoTorch's SVGP does.
                 inducing_points = GreedyVarianceReduction().allocate_inducing_points(
-                    train_X_t, covar_module, num_inducing, torch.Size([])
+                    train_X_t, covar_module, min(num_inducing, len(train_X_t)), torch.Size([])
                 )
         self.model = _SparseVariationalGP(
             inducing_points.detach().clone().to(**tkwargs),

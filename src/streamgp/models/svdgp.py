@@ -42,7 +42,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from botorch.models.model import FantasizeMixin, Model
+from botorch.models.gpytorch import GPyTorchModel
+from botorch.models.model import FantasizeMixin
 from botorch.models.transforms.input import InputTransform
 from botorch.models.transforms.outcome import OutcomeTransform
 from botorch.models.utils.inducing_point_allocators import GreedyVarianceReduction
@@ -84,7 +85,9 @@ from streamgp.utils.validation import (
 _VARIATIONAL = ("mean_basis", "mean_weights", "covar_basis", "covar_root")
 
 
-class DecoupledSVGP(StreamingModelMixin, PersistentOptimizerMixin, Model, GP, FantasizeMixin):
+class DecoupledSVGP(
+    StreamingModelMixin, PersistentOptimizerMixin, GPyTorchModel, GP, FantasizeMixin
+):
     r"""Decoupled sparse variational GP (Cheng & Boots 2017) with online basis growth.
 
     Args:
@@ -157,15 +160,17 @@ class DecoupledSVGP(StreamingModelMixin, PersistentOptimizerMixin, Model, GP, Fa
         train_X: Tensor,
         train_Y: Tensor,
         train_Yvar: Tensor | None = None,
+        likelihood: Likelihood | None = None,
+        covar_module: Kernel | None = None,
+        mean_module: Mean | None = None,
+        outcome_transform: OutcomeTransform | None = None,
+        input_transform: InputTransform | None = None,
         *,
         mean_basis: Tensor | None = None,
         covar_basis: Tensor | None = None,
         max_mean_basis: int = 1024,
         max_covar_basis: int = 64,
         basis_increment: int = 16,
-        covar_module: Kernel | None = None,
-        mean_module: Mean | None = None,
-        likelihood: Likelihood | None = None,
         minibatch_size: int = 256,
         kl_columns: int | None = None,
         replay_size: int = 2048,
@@ -180,8 +185,6 @@ class DecoupledSVGP(StreamingModelMixin, PersistentOptimizerMixin, Model, GP, Fa
         keep_optimizer_state: bool = True,
         warm_start: bool = True,
         seed: int = 0,
-        input_transform: InputTransform | None = None,
-        outcome_transform: OutcomeTransform | None = None,
     ) -> None:
         check_no_known_noise(train_Yvar, "DecoupledSVGP")
         # ---- validate everything before building anything

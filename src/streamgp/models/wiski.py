@@ -222,13 +222,13 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         train_X: Tensor,
         train_Y: Tensor,
         train_Yvar: Tensor | None = None,
+        likelihood: GaussianLikelihood | None = None,
+        covar_module: Kernel | None = None,
+        outcome_transform: OutcomeTransform | None = None,
+        input_transform: InputTransform | None = None,
         *,
         grid_size: int | Sequence[int] | None = None,
         grid_bounds: Tensor | None = None,
-        covar_module: Kernel | None = None,
-        likelihood: GaussianLikelihood | None = None,
-        input_transform: InputTransform | None = None,
-        outcome_transform: OutcomeTransform | None = None,
         data_space_limit: int | None = None,
     ) -> None:
         check_grid_model_data(train_X, train_Y, train_Yvar, likelihood)

@@ -1,0 +1,151 @@
+"""streamgp models in Ax's Client (modular BoTorch), and the streaming surrogate.
+
+Skipped when Ax is not installed (``pip install 'streamgp[ax]'``); CI installs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("ax", reason="Ax is an optional extra: pip install 'streamgp[ax]'")
+
+from ax.adapter.registry import Generators  # noqa: E402
+from ax.api import Client, RangeParameterConfig  # noqa: E402
+from ax.generation_strategy.generation_strategy import (  # noqa: E402
+    GenerationNode,
+    GenerationStrategy,
+)
+from ax.generation_strategy.generator_spec import GeneratorSpec  # noqa: E402
+from ax.generation_strategy.transition_criterion import MinTrials  # noqa: E402
+from ax.generators.torch.botorch_modular.surrogate import SurrogateSpec  # noqa: E402
+from ax.generators.torch.botorch_modular.utils import ModelConfig  # noqa: E402
+
+from streamgp.ax import StreamingSurrogate, streaming_generation_strategy  # noqa: E402
+from streamgp.models import (  # noqa: E402
+    DecoupledSVGP,
+    KissGP,
+    LocalGP,
+    OnlineSGPR,
+    OnlineSVGP,
+    WiskiGP,
+)
+
+NUM_TRIALS = 12
+NUM_INITIAL = 5
+
+
+@pytest.fixture(autouse=True)
+def _quiet_ax():
+    logging.getLogger("ax").setLevel(logging.WARNING)
+
+
+def _branin(x1: float, x2: float) -> float:
+    b, c, t = 5.1 / (4 * math.pi**2), 5 / math.pi, 1 / (8 * math.pi)
+    return (x2 - b * x1**2 + c * x1 - 6) ** 2 + 10 * (1 - t) * math.cos(x1) + 10
+
+
+def _client(strategy: GenerationStrategy) -> Client:
+    client = Client(random_seed=0)
+    client.configure_experiment(
+        name="branin",
+        parameters=[
+            RangeParameterConfig(name="x1", parameter_type="float", bounds=(-5.0, 10.0)),
+            RangeParameterConfig(name="x2", parameter_type="float", bounds=(0.0, 15.0)),
+        ],
+    )
+    client.configure_optimization(objective="-branin")
+    client.set_generation_strategy(strategy)
+    return client
+
+
+def _run(client: Client, num_trials: int = NUM_TRIALS) -> list[float]:
+    values = []
+    for _ in range(num_trials):
+        for index, parameters in client.get_next_trials(max_trials=1).items():
+            value = _branin(parameters["x1"], parameters["x2"])
+            client.complete_trial(trial_index=index, raw_data={"branin": value})
+            values.append(value)
+    return values
+
+
+def _plain_strategy(model_class: type) -> GenerationStrategy:
+    """Ax's modular-BoTorch tutorial setup with only the model class chosen."""
+    sobol = GenerationNode(
+        name="Sobol",
+        generator_specs=[
+            GeneratorSpec(generator_enum=Generators.SOBOL, generator_kwargs={"seed": 0})
+        ],
+        transition_criteria=[
+            MinTrials(threshold=NUM_INITIAL, transition_to="MBM", use_all_trials_in_exp=True)
+        ],
+    )
+    spec = SurrogateSpec(model_configs=[ModelConfig(botorch_model_class=model_class)])
+    model_based = GenerationNode(
+        name="MBM",
+        generator_specs=[
+            GeneratorSpec(
+                generator_enum=Generators.BOTORCH_MODULAR,
+                generator_kwargs={"surrogate_spec": spec},
+            )
+        ],
+    )
+    return GenerationStrategy(name="plain", nodes=[sobol, model_based])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "model_class", [WiskiGP, KissGP, OnlineSGPR, OnlineSVGP, DecoupledSVGP, LocalGP]
+)
+def test_model_class_swapped_into_ax_modular_botorch(model_class):
+    values = _run(_client(_plain_strategy(model_class)))
+    assert len(values) == NUM_TRIALS and all(math.isfinite(v) for v in values)
+
+
+@pytest.mark.slow
+def test_ax_model_options_reach_the_constructor():
+    strategy = _plain_strategy(WiskiGP)
+    spec = strategy.nodes_by_name["MBM"].generator_specs[0].generator_kwargs["surrogate_spec"]
+    spec.model_configs[0].model_options = {"grid_size": 12}
+    client = _client(strategy)
+    _run(client, NUM_INITIAL + 1)
+    adapter = strategy.nodes_by_name["MBM"].generator_specs[0].fitted_adapter
+    assert list(adapter.generator.surrogate.model.interpolation.grid_size) == [12, 12]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_class", [WiskiGP, OnlineSGPR])
+def test_streaming_surrogate_absorbs_only_new_trials(model_class):
+    strategy = streaming_generation_strategy(model_class, refit_every=4, seed=0)
+    surrogate = strategy.nodes_by_name["MBM"].generator_specs[0].generator_kwargs["surrogate"]
+    assert isinstance(surrogate, StreamingSurrogate)
+    values = _run(_client(strategy))
+    assert all(math.isfinite(v) for v in values)
+    # One model built from the Sobol trials; each later trial absorbed once, by observe.
+    num_model_based = NUM_TRIALS - NUM_INITIAL
+    assert surrogate.num_constructions == 1
+    assert surrogate.num_updates == num_model_based - 1
+    assert surrogate.num_absorbed == num_model_based - 1
+    assert surrogate.num_refits == (num_model_based - 1) // 4
+    model = surrogate.model
+    assert model.num_train == NUM_TRIALS - 1  # the last trial completed after the last fit
+
+
+def test_streaming_surrogate_rebuilds_when_old_rows_change():
+    from botorch.utils.datasets import SupervisedDataset
+
+    from streamgp.ax import _extends
+
+    X, Y = torch.rand(6, 2, dtype=torch.float64), torch.rand(6, 1, dtype=torch.float64)
+
+    def dataset(X, Y):
+        return SupervisedDataset(X, Y, feature_names=["a", "b"], outcome_names=["y"])
+
+    assert _extends(dataset(X, Y), dataset(X[:4], Y[:4]))
+    assert not _extends(dataset(X, Y + 1), dataset(X[:4], Y[:4]))  # re-standardised rows
+    assert not _extends(dataset(X[:4], Y[:4]), dataset(X[:4], Y[:4]))  # nothing new
+    with pytest.raises(ValueError, match="refit_every"):
+        StreamingSurrogate(refit_every=0)
