@@ -39,7 +39,6 @@ from torch import Tensor
 
 from streamgp.mlls import WoodburyMarginalLogLikelihood
 from streamgp.models import KissGP, OnlineSVGP, WiskiGP
-from streamgp.models.osvgp import FrozenPosterior
 from streamgp.utils.validation import check_count
 
 #: Builds the covariance module for a given input dimension (``None``: the model's default).
@@ -318,24 +317,11 @@ class OnlineSVGPSurrogate(Surrogate):
         self._model.refine(self.fit_steps if max_iter is None else int(max_iter))
 
     def state_dict(self) -> dict[str, Any]:
-        model = self._model
-        frozen = model.frozen_posterior
-        return {
-            "model": model.state_dict(),
-            "frozen_posterior": None if frozen is None else dict(vars(frozen)),
-            "last_batch": model.last_batch,
-            "num_observed": model.num_observed,
-        }
+        return {"model": self._model.checkpoint()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        model = self._model
-        model.load_state_dict(state["model"], keep_transforms=False)
-        frozen = state["frozen_posterior"]
-        model.frozen_posterior = None if frozen is None else FrozenPosterior(**frozen)
-        model.last_batch = state["last_batch"]
-        model.num_observed = state["num_observed"]
-        model.model.variational_strategy._clear_cache()
-        model.eval()
+        self._model.restore(state["model"])
+        self._model.eval()
 
 
 class ExactSurrogate(Surrogate):

@@ -114,6 +114,45 @@ class StreamingModelMixin:
         self._after_warm_start()
         return result
 
+    def checkpoint(self) -> dict[str, Any]:
+        r"""Everything needed to resume this model's stream exactly.
+
+        ``state_dict()`` (hyperparameters, transforms, the data summaries) plus the
+        streaming state held outside it (e.g. a frozen old posterior, a replay set, the
+        last batch, random generators, the optimizer's moments). Tensors, numbers and
+        containers of them only, so ``torch.save`` writes it and
+        ``torch.load(path, weights_only=True)`` reads it. A model restored from it
+        predicts bit for bit as this one, and continues the stream as it would.
+
+        Example:
+            >>> torch.save(model.checkpoint(), "stream.pt")
+            >>> resumed = WiskiGP(X0, Y0, grid_size=16).restore(
+            ...     torch.load("stream.pt", weights_only=True))
+        """
+        return {"state_dict": self.state_dict(), "stream": self._stream_state()}
+
+    def restore(self, checkpoint: dict[str, Any]) -> StreamingModelMixin:
+        r"""Resume the stream saved by :meth:`checkpoint` (in place; returns the model).
+
+        The receiving model must have been built with the same options (kernel, grid,
+        inducing-set size, likelihood); whatever data it held are replaced.
+        """
+        if set(checkpoint) != {"state_dict", "stream"}:
+            raise ValueError(
+                "checkpoint must be a dict from model.checkpoint() with keys 'state_dict' "
+                f"and 'stream'; got keys {sorted(checkpoint)}."
+            )
+        self.load_state_dict(checkpoint["state_dict"], keep_transforms=False)
+        self._set_stream_state(checkpoint["stream"])
+        return self
+
+    def _stream_state(self) -> dict[str, Any]:
+        r"""Streaming state outside ``state_dict()`` (tensors and numbers only)."""
+        return {}
+
+    def _set_stream_state(self, state: dict[str, Any]) -> None:
+        r"""Inverse of :meth:`_stream_state`."""
+
     def _prepare_state_load(self, state_dict: dict[str, Any]) -> None:
         r"""Resize data buffers to ``state_dict``'s before a checkpoint restore."""
 

@@ -474,7 +474,9 @@ class OnlineSGPR(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         """
         self._refresh_last_batch()
         summary = self.pseudo_observations
-        saved_state = {k: v.detach().clone() for k, v in self.state_dict().items()}
+        saved_state = {
+            k: v.detach().clone() if torch.is_tensor(v) else v for k, v in self.state_dict().items()
+        }
         saved_selector = (
             None if self.inducing_selector is None else dict(self.inducing_selector.__dict__)
         )
@@ -581,6 +583,35 @@ class OnlineSGPR(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
     def is_data_key(self, key: str) -> bool:
         return key in _STATE_BUFFERS or super().is_data_key(key)
 
+    def _stream_state(self) -> dict[str, Any]:
+        r"""The streaming state outside the buffers, for :meth:`checkpoint`.
+
+        The last batch and the summary before it (what a refit needs), the last bound and
+        the random generator of the inducing-point rule (tensors and numbers only:
+        ``torch.load(weights_only=True)`` reads them).
+        """
+        last = self._last_batch
+        return {
+            "last_batch": None
+            if last is None
+            else {**last._asdict(), "summary": dict(vars(last.summary))},
+            "last_batch_hypers": self._last_batch_hypers,
+            "refit_pending": self._refit_pending,
+            "last_bound": self.last_bound,
+            "generator": self._generator.get_state(),
+        }
+
+    def _set_stream_state(self, state: dict[str, Any]) -> None:
+        last = state["last_batch"]
+        if last is not None:
+            summary = PseudoObservations(**last["summary"])
+            last = _LastBatch(**{**last, "summary": summary})
+        self._last_batch = last
+        self._last_batch_hypers = state["last_batch_hypers"]
+        self._refit_pending = bool(state["refit_pending"])
+        self.last_bound = state["last_bound"]
+        self._generator.set_state(state["generator"])
+
     def _after_warm_start(self) -> None:
         # The last batch is absorbed at the loaded hyperparameters, as if the model had
         # had them when it absorbed it (a model built from one batch then equals a fresh
@@ -595,9 +626,6 @@ class OnlineSGPR(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
             if name in state_dict:
                 setattr(self, name, torch.empty_like(state_dict[name]))
         self._clear_caches()
-        self._last_batch = None
-        self._last_batch_hypers = None
-        self._refit_pending = False
 
     @property
     def batch_shape(self) -> torch.Size:

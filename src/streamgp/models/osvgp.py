@@ -619,6 +619,40 @@ class OnlineSVGP(StreamingModelMixin, PersistentOptimizerMixin, GPyTorchModel, G
         self._guarded(lambda: self._optimize(*self.last_batch, num_steps))
         return self
 
+    def _stream_state(self) -> dict[str, Any]:
+        r"""The streaming state outside the parameters, for :meth:`checkpoint`.
+
+        The frozen old posterior, the last batch, the number of observations and the
+        optimizer's state (tensors and numbers only: ``torch.load(weights_only=True)``).
+        """
+        frozen = self.frozen_posterior
+        return {
+            "num_observed": self.num_observed,
+            "frozen_posterior": None if frozen is None else dict(vars(frozen)),
+            "last_batch": self.last_batch,
+            "optimizer": self._optimizer_state(),
+        }
+
+    def _set_stream_state(self, state: dict[str, Any]) -> None:
+        frozen = state["frozen_posterior"]
+        self.frozen_posterior = None if frozen is None else FrozenPosterior(**frozen)
+        self.num_observed = int(state["num_observed"])
+        last = state["last_batch"]
+        self.last_batch = None if last is None else tuple(last)
+        self._load_optimizer_state(state["optimizer"])
+        self.model.variational_strategy._clear_cache()
+        self._cache_snapshot = None
+
+    def _prepare_state_load(self, state_dict: dict[str, Any]) -> None:
+        # The inducing set may have another size (a selector, or fewer initial points).
+        key = "model.variational_strategy.inducing_points"
+        if key in state_dict and state_dict[key].shape != self.inducing_points.shape:
+            model = self.model
+            model.variational_strategy = model._strategy(
+                torch.empty_like(state_dict[key]), model._learn_inducing_locations, model._jitter
+            )
+            self._optimizer = None
+
     def fit_objective(self) -> tuple[Tensor, Tensor | int]:
         r"""The streaming ELBO of the last absorbed batch, and the number of observations.
 

@@ -376,6 +376,37 @@ class DecoupledSVGP(
         mean_term = mean_kl_term(self.mean_weights, self._kernel(alpha, columns), kl_columns)
         return expected_log_lik - decoupled_kl(mean_term, factors)
 
+    def _stream_state(self) -> dict[str, Any]:
+        r"""The streaming state outside the parameters, for :meth:`checkpoint`.
+
+        The replay set, the counters, the random generator and the optimizer's state
+        (tensors and numbers only: ``torch.load(weights_only=True)`` reads them).
+        """
+        return {
+            "replay_X": self._replay_X,
+            "replay_y": self._replay_y,
+            "num_observed": self.num_observed,
+            "num_optimizer_steps": self.num_optimizer_steps,
+            "generator": self._generator.get_state(),
+            "optimizer": self._optimizer_state(),
+        }
+
+    def _set_stream_state(self, state: dict[str, Any]) -> None:
+        self._replay_X, self._replay_y = state["replay_X"], state["replay_y"]
+        self.num_observed = int(state["num_observed"])
+        self.num_optimizer_steps = int(state["num_optimizer_steps"])
+        self._generator.set_state(state["generator"])
+        self._load_optimizer_state(state["optimizer"])
+
+    def _prepare_state_load(self, state_dict: dict[str, Any]) -> None:
+        # The bases grow with the stream: take the checkpoint's sizes.
+        for name in _VARIATIONAL:
+            if name in state_dict:
+                old = getattr(self, name)
+                new = Parameter(torch.empty_like(state_dict[name]), requires_grad=old.requires_grad)
+                setattr(self, name, new)
+        self._optimizer = None
+
     def fit_objective(self) -> tuple[Tensor, int]:
         r"""The decoupled ELBO of the replay set, scaled to every observation, and ``n``.
 

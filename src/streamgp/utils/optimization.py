@@ -70,6 +70,17 @@ class PersistentOptimizerMixin:
             self._optimizer_params = params
         return self._optimizer
 
+    def _optimizer_state(self) -> dict[str, Any] | None:
+        r"""The persistent optimizer's state (tensors and numbers only), for checkpoints."""
+        return None if self._optimizer is None else self._optimizer.state_dict()
+
+    def _load_optimizer_state(self, state: dict[str, Any] | None) -> None:
+        self._optimizer = None
+        if state is not None:
+            optimizer = self._get_optimizer()
+            if optimizer is not None:
+                optimizer.load_state_dict(state)
+
     def _snapshot(self) -> Any:
         r"""What :meth:`_restore` needs to undo a failed update."""
         raise NotImplementedError
