@@ -3,11 +3,16 @@ test_botorch_entry_points.py)."""
 
 from __future__ import annotations
 
+import copy
+
+import pytest
 import torch
 from botorch.fit import fit_gpytorch_mll
-from botorch.models.transforms import Normalize
+from botorch.models.transforms import Normalize, Standardize
 from botorch.optim.closures import get_loss_closure
+from gpytorch.kernels import RBFKernel, ScaleKernel
 from gpytorch.mlls import ExactMarginalLogLikelihood
+from oracles import rel_err
 
 from streamgp import WiskiGP, WoodburyMarginalLogLikelihood
 
@@ -31,3 +36,54 @@ def test_exact_marginal_log_likelihood_fits_the_woodbury_objective():
     before = woodbury().item()
     fit_gpytorch_mll(exact)
     assert woodbury().item() > before
+
+
+@pytest.mark.parametrize("data_space_limit", [None, 0])
+def test_restandardize_equals_a_model_standardised_on_all_data(data_space_limit):
+    """Statistics are affine in y and W 1 = 1: re-standardising from them is exact."""
+    X = torch.rand(45, 3, dtype=DTYPE)
+    Y = 3.0 + 2.0 * _problem(X)[0]
+    options = {"grid_size": 8, "input_transform": Normalize(3, bounds=BOUNDS)}
+    if data_space_limit is not None:
+        options["data_space_limit"] = data_space_limit
+    covar = ScaleKernel(RBFKernel(ard_num_dims=3)).to(DTYPE)
+    covar.outputscale = 1.7
+    model = WiskiGP(X[:5], Y[:5], covar_module=covar, outcome_transform=Standardize(1), **options)
+    model.likelihood.noise = 0.05
+    model.observe(X[5:], Y[5:])
+    model.restandardize()
+    options["input_transform"] = Normalize(3, bounds=BOUNDS)
+    fresh = WiskiGP(
+        X,
+        Y,
+        covar_module=copy.deepcopy(model.covar_module),
+        outcome_transform=Standardize(1),
+        **options,
+    )
+    fresh.likelihood.noise = model.likelihood.noise.detach()
+    for name in ("means", "stdvs"):
+        expected = getattr(fresh.outcome_transform, name)
+        assert rel_err(getattr(model.outcome_transform, name), expected) < 1e-12
+    Xs = torch.rand(6, 3, dtype=DTYPE)
+    p, ref = model.posterior(Xs), fresh.posterior(Xs)
+    assert rel_err(p.mean, ref.mean) < 1e-10
+    assert rel_err(p.variance, ref.variance) < 1e-10
+    mll = WoodburyMarginalLogLikelihood(model.likelihood, model)
+    assert rel_err(mll(), WoodburyMarginalLogLikelihood(fresh.likelihood, fresh)()) < 1e-10
+
+
+def test_restandardize_refuses_what_it_cannot_do_exactly():
+    X = torch.rand(10, 3, dtype=DTYPE)
+    Y = _problem(X)[0]
+    with pytest.raises(ValueError, match="Standardize"):
+        WiskiGP(X, Y, grid_size=8, input_transform=Normalize(3, bounds=BOUNDS)).restandardize()
+    fixed = WiskiGP(
+        X,
+        Y,
+        torch.full_like(Y, 0.01),
+        grid_size=8,
+        input_transform=Normalize(3, bounds=BOUNDS),
+        outcome_transform=Standardize(1),
+    )
+    with pytest.raises(ValueError, match="learned noise"):
+        fixed.restandardize()

@@ -8,7 +8,11 @@ Both classes offer one interface, so a model holds either and never asks which:
 - ``posterior(kernel_root, noise_variance)``: the exact posterior (a
   :class:`~streamgp.linalg.woodbury.GridPosterior` or a
   :class:`~streamgp.linalg.data_space.DataPosterior`);
-- ``to_grid()``: the grid-space statistics of the same rows.
+- ``to_grid()``: the grid-space statistics of the same rows;
+- ``target_moments()`` and ``affine(alpha, beta)``: the targets' sum and sum of squares,
+  and the statistics of ``alpha y + beta`` (noise ``alpha^2 lambda``), so an outcome
+  standardisation can be re-estimated from all data exactly
+  (:meth:`streamgp.models.WiskiGP.restandardize`).
 
 :class:`GridStatistics` holds ``A = W^T Lambda^{-1} W``, ``b = W^T Lambda^{-1} y``,
 ``c = y^T Lambda^{-1} y``, ``n`` and the noise sums (for homoskedastic noise the raw
@@ -170,6 +174,40 @@ class GridStatistics:
             return structured_grid_posterior(kernel_root, A, b, tol=tol).posterior
         return factorize(kernel_root, A, b)
 
+    def target_moments(self) -> tuple[Tensor, Tensor]:
+        r"""``(sum y, sum y^2)`` of the rows (homoskedastic noise only).
+
+        Interpolation rows sum to one (``W 1 = 1``), so ``sum y = 1^T W^T y = 1^T b``;
+        ``sum y^2`` is ``c``. With fixed noise only the noise-weighted sums are kept.
+        """
+        if self.fixed_noise:
+            raise ValueError(
+                "Grid statistics with fixed noise keep only noise-weighted target sums; the "
+                "unweighted moments a Standardize needs are not recoverable."
+            )
+        return self.b.sum(), self.c
+
+    def affine(self, alpha: Tensor, beta: Tensor) -> GridStatistics:
+        r"""The statistics of targets ``alpha y + beta`` (fixed noise ``alpha^2 lambda``).
+
+        ``O(m^2)``: with ``W 1 = 1``, ``W^T Lambda^{-1} 1 = A 1`` and
+        ``1^T Lambda^{-1} y = 1^T b``, so nothing else needs keeping.
+        """
+        A_one = (self.A @ torch.ones_like(self.b).unsqueeze(-1)).squeeze(-1)
+        b = alpha * self.b + beta * A_one
+        c = alpha**2 * self.c + 2 * alpha * beta * self.b.sum() + beta**2 * A_one.sum()
+        if not self.fixed_noise:  # raw sums; the learned noise is rescaled by the model
+            return replace(self, b=b, c=c)
+        scale = alpha**-2  # every row's precision
+        return replace(
+            self,
+            A=self.A * scale,
+            b=b * scale,
+            c=c * scale,
+            sum_log_noise=self.sum_log_noise + self.n * torch.log(alpha**2),
+            sum_noise=self.sum_noise * alpha**2,
+        )
+
     def apply(self, fn) -> GridStatistics:
         r"""Apply a tensor function (``Module._apply``'s) to every tensor."""
         return replace(
@@ -278,6 +316,15 @@ class DataStatistics:
         return DataPosterior.build(
             kernel_root, self.weights, self.y, self.row_noise(noise_variance)
         )
+
+    def target_moments(self) -> tuple[Tensor, Tensor]:
+        r"""``(sum y, sum y^2)`` of the rows."""
+        return self.y.sum(), (self.y * self.y).sum()
+
+    def affine(self, alpha: Tensor, beta: Tensor) -> DataStatistics:
+        r"""The rows with targets ``alpha y + beta`` (and fixed noise ``alpha^2 lambda``)."""
+        noise = None if self.noise is None else self.noise * alpha**2
+        return DataStatistics(self.weights, alpha * self.y + beta, noise)
 
     def apply(self, fn) -> DataStatistics:
         r"""Apply a tensor function (``Module._apply``'s) to every tensor."""

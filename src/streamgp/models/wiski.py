@@ -69,14 +69,14 @@ import torch
 from botorch.models.gpytorch import GPyTorchModel
 from botorch.models.model import FantasizeMixin
 from botorch.models.transforms.input import InputTransform
-from botorch.models.transforms.outcome import OutcomeTransform
+from botorch.models.transforms.outcome import OutcomeTransform, Standardize
 from botorch.models.utils.gpytorch_modules import (
     get_covar_module_with_dim_scaled_prior,
     get_gaussian_likelihood_with_lognormal_prior,
 )
 from botorch.posteriors.gpytorch import GPyTorchPosterior
 from gpytorch.distributions import MultivariateNormal
-from gpytorch.kernels import Kernel
+from gpytorch.kernels import Kernel, ScaleKernel
 from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
 from gpytorch.models import GP
 from gpytorch.settings import fast_pred_samples, fast_pred_var
@@ -582,6 +582,65 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
             if not isinstance(self._posterior, GridPosterior) or self.structured:
                 self._invalidate()  # the next prediction factorises in grid space, O(m^3)
         self._set_statistics(statistics)
+
+    def restandardize(self, rescale_hyperparameters: bool = True) -> WiskiGP:
+        r"""Re-estimate the ``Standardize`` outcome transform from every observation, exactly.
+
+        The transforms are fitted on the constructor's data and then frozen, so a
+        ``Standardize`` fitted on a few initial points can be far off later. Its
+        statistics are affine in the targets and interpolation rows sum to one, so the
+        new mean and standard deviation of all targets, and the statistics of the
+        re-standardised targets, follow from the statistics themselves in ``O(m^2)``
+        (``O(n)`` in data space): the model afterwards equals one built from all data
+        at once with ``Standardize`` fitted on all of them (tested to 1e-10). Call it
+        before a refit of the hyperparameters.
+
+        Args:
+            rescale_hyperparameters: Express the noise variance (and a ``ScaleKernel``'s
+                output scale) in the new units, so that only the prior mean (zero in the
+                new standardised space) changes. False keeps their values.
+
+        Returns:
+            The model itself. Learned (homoskedastic) noise only: grid statistics with
+            fixed noise keep only noise-weighted target sums.
+        """
+        transform = getattr(self, "outcome_transform", None)
+        if not isinstance(transform, Standardize) or transform._m != 1:
+            raise ValueError(
+                "restandardize needs outcome_transform=Standardize(1); this model has "
+                f"{type(transform).__name__ if transform is not None else None}."
+            )
+        if self.fixed_noise:
+            raise ValueError(
+                "restandardize supports learned noise only: with train_Yvar the statistics "
+                "keep noise-weighted target sums, not the moments Standardize needs."
+            )
+        if len(self.batch_shape) > 0:
+            raise RuntimeError("restandardize is not available on a batched (fantasy) model.")
+        self._fold_observed()
+        statistics = self._statistics
+        n = statistics.count
+        if n < 2:
+            raise ValueError(f"restandardize needs at least 2 observations; the model has {n}.")
+        with torch.no_grad():
+            total, squares = statistics.target_moments()
+            mean_t = total / n
+            var_t = ((squares - total * mean_t) / (n - 1)).clamp_min(0.0)
+            old_mean, old_std = transform.means.reshape(()), transform.stdvs.reshape(())
+            new_mean = old_mean + old_std * mean_t
+            new_std = old_std * var_t.sqrt()
+            new_std = torch.where(new_std >= transform._min_stdv, new_std, torch.ones_like(new_std))
+            alpha, beta = old_std / new_std, (old_mean - new_mean) / new_std
+            self._set_statistics(statistics.affine(alpha, beta))
+            transform.means.fill_(new_mean)
+            transform.stdvs.fill_(new_std)
+            transform._stdvs_sq.fill_(new_std**2)
+            if rescale_hyperparameters:
+                self.likelihood.noise = self.likelihood.noise * alpha**2
+                if isinstance(self.covar_module, ScaleKernel):
+                    self.covar_module.outputscale = self.covar_module.outputscale * alpha**2
+        self._invalidate()
+        return self
 
     # ------------------------------------------------------------ BoTorch API
     def is_data_key(self, key: str) -> bool:
