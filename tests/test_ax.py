@@ -31,6 +31,7 @@ from streamgp.models import (  # noqa: E402
     LocalGP,
     OnlineSGPR,
     OnlineSVGP,
+    SoftKIGP,
     WiskiGP,
 )
 
@@ -98,7 +99,7 @@ def _plain_strategy(model_class: type) -> GenerationStrategy:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "model_class", [WiskiGP, KissGP, OnlineSGPR, OnlineSVGP, DecoupledSVGP, LocalGP]
+    "model_class", [WiskiGP, KissGP, OnlineSGPR, OnlineSVGP, DecoupledSVGP, LocalGP, SoftKIGP]
 )
 def test_model_class_swapped_into_ax_modular_botorch(model_class):
     values = _run(_client(_plain_strategy(model_class)))

@@ -22,7 +22,15 @@ from botorch.sampling import SobolQMCNormalSampler
 from gpytorch.mlls import ExactMarginalLogLikelihood, SumMarginalLogLikelihood
 from oracles_sgpr import rel_err, titsias
 
-from streamgp.models import DecoupledSVGP, KissGP, LocalGP, OnlineSGPR, OnlineSVGP, WiskiGP
+from streamgp.models import (
+    DecoupledSVGP,
+    KissGP,
+    LocalGP,
+    OnlineSGPR,
+    OnlineSVGP,
+    SoftKIGP,
+    WiskiGP,
+)
 
 DTYPE = torch.float64
 BOUNDS = torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]], dtype=DTYPE)
@@ -34,8 +42,9 @@ FACTORIES = {
     "OnlineSVGP": lambda X, Y, **kw: OnlineSVGP(X, Y, num_inducing=6, num_init_steps=30, **kw),
     "DecoupledSVGP": lambda X, Y, **kw: DecoupledSVGP(X, Y, num_init_steps=30, **kw),
     "LocalGP": lambda X, Y, **kw: LocalGP(X, Y, w_gen=0.3, n_max=40, **kw),
+    "SoftKIGP": lambda X, Y, **kw: SoftKIGP(X, Y, num_inducing=8, **kw),
 }
-LEARNED_NOISE_ONLY = ["OnlineSGPR", "OnlineSVGP", "DecoupledSVGP", "LocalGP"]
+LEARNED_NOISE_ONLY = ["OnlineSGPR", "OnlineSVGP", "DecoupledSVGP", "LocalGP", "SoftKIGP"]
 
 
 def _problem(X):
@@ -54,6 +63,8 @@ def _num_data(model) -> int:
         return model.num_train
     if isinstance(model, LocalGP):
         return int(model.counts.sum())
+    if isinstance(model, SoftKIGP):
+        return len(model.train_X_t)
     return model.num_observed
 
 

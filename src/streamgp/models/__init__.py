@@ -5,6 +5,7 @@ from streamgp.models.local_gp import LocalGP
 from streamgp.models.osgpr import OnlineSGPR
 from streamgp.models.osvgp import OnlineSVGP
 from streamgp.models.projection import LearnedProjection, ProjectedKernel
+from streamgp.models.softki import SoftKIGP
 from streamgp.models.svdgp import DecoupledSVGP
 from streamgp.models.wiski import WiskiGP
 
@@ -16,5 +17,6 @@ __all__ = [
     "LocalGP",
     "OnlineSGPR",
     "OnlineSVGP",
+    "SoftKIGP",
     "WiskiGP",
 ]

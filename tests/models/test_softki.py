@@ -1,0 +1,338 @@
+"""SoftKIGP against dense closed forms, the exact GP, naive solves, and BoTorch end to end."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from botorch.acquisition import qLogExpectedImprovement
+from botorch.fit import fit_gpytorch_mll
+from botorch.models import SingleTaskGP
+from botorch.models.transforms import Normalize, Standardize
+from botorch.optim import optimize_acqf
+from botorch.sampling import SobolQMCNormalSampler
+from gpytorch.constraints import GreaterThan
+from gpytorch.kernels import RBFKernel, ScaleKernel
+from gpytorch.likelihoods import GaussianLikelihood
+from gpytorch.mlls import ExactMarginalLogLikelihood
+
+from streamgp.linalg.grid_kernel import cholesky_with_jitter
+from streamgp.models.softki import SoftKIGP, hutchinson_pseudo_loss
+
+DTYPE = torch.float64
+
+
+def target(X):
+    return torch.sin(3 * X).sum(-1, keepdim=True) + 0.5 * X[..., :1] * X[..., 1:2]
+
+
+def make_data(n, d=2, noise=0.05, dtype=DTYPE):
+    X = torch.rand(n, d, dtype=dtype)
+    return X, target(X) + noise * torch.randn(n, 1, dtype=dtype)
+
+
+def make_model(X, Y, Z, lengthscale=0.3, noise=0.01, temperature=0.1, **kwargs):
+    kernel = ScaleKernel(RBFKernel(ard_num_dims=X.shape[-1])).to(X)
+    kernel.outputscale = 1.3
+    kernel.base_kernel.lengthscale = lengthscale
+    likelihood = GaussianLikelihood(noise_constraint=GreaterThan(1e-12)).to(X)
+    likelihood.noise = noise
+    return SoftKIGP(
+        X,
+        Y,
+        likelihood=likelihood,
+        covar_module=kernel,
+        inducing_points=Z,
+        temperature=temperature,
+        **kwargs,
+    )
+
+
+def dense_oracle(model, X, y, Xs):
+    """Dense n x n SoftKI GP: kernel W K W^T (K with the model's jitter) + s2 I."""
+    with torch.no_grad():
+        K = model.covar_module(model.inducing_points).to_dense()
+        _, jitter = cholesky_with_jitter(K)
+        K = K + jitter * torch.eye(len(K), dtype=K.dtype)
+        W, Ws = model.weights(X).values, model.weights(Xs).values
+        S = W @ K @ W.mT + model.noise_variance * torch.eye(len(X), dtype=X.dtype)
+        Ksx = Ws @ K @ W.mT
+        mean = Ksx @ torch.linalg.solve(S, y)
+        covar = Ws @ K @ Ws.mT - Ksx @ torch.linalg.solve(S, Ksx.mT)
+        L = torch.linalg.cholesky(S)
+        z = torch.linalg.solve_triangular(L, y.unsqueeze(-1), upper=False).squeeze(-1)
+        mll = -0.5 * (z @ z + 2 * L.diagonal().log().sum() + len(y) * math.log(2 * math.pi))
+    return mean, covar, mll
+
+
+def test_posterior_and_mll_equal_dense_closed_form():
+    X, Y = make_data(80, d=3)
+    model = make_model(X, Y, Z=torch.rand(25, 3, dtype=DTYPE), lengthscale=0.2, noise=0.05)
+    Xs = torch.rand(2, 6, 3, dtype=DTYPE)
+    mean, covar, mll = dense_oracle(model, X, Y.squeeze(-1), Xs)
+    post = model.posterior(Xs)
+    assert post.mean.shape == (2, 6, 1)
+    torch.testing.assert_close(post.mean.squeeze(-1), mean, atol=1e-8, rtol=0)
+    torch.testing.assert_close(post.covariance_matrix, covar, atol=1e-8, rtol=0)
+    value, n = model.fit_objective()
+    assert n.item() == 80
+    torch.testing.assert_close(value, mll, atol=1e-8, rtol=1e-10)
+    noisy = model.posterior(Xs, observation_noise=True).covariance_matrix
+    torch.testing.assert_close(
+        noisy - post.covariance_matrix, 0.05 * torch.eye(6, dtype=DTYPE).expand(2, 6, 6)
+    )
+
+
+def test_blocked_factorisation_equals_one_block(monkeypatch):
+    import streamgp.models.softki as softki
+
+    X, Y = make_data(70, d=2)
+    model = make_model(X, Y, Z=torch.rand(12, 2, dtype=DTYPE))
+    one = model.fit_objective()[0]
+    mean = model.posterior(X[:5]).mean
+    monkeypatch.setattr(softki, "QR_CHUNK", 9)
+    model._invalidate()
+    f = softki.softki_factor(
+        None,
+        model.train_y_t,
+        model._kernel_matrix(),
+        model.noise_variance,
+        weights_fn=model._weight_values,
+        X=model.train_X_t,
+        chunk=9,
+    )
+    torch.testing.assert_close(f.log_marginal_likelihood(model.noise_variance), one)
+    post = f.posterior()
+    torch.testing.assert_close(model.weights(X[:5]).values @ post.mean, mean.squeeze(-1))
+
+
+def test_identity_weights_equal_exact_gp():
+    """Points = training inputs and T -> 0: W = I, so SoftKI is the exact GP."""
+    X, Y = make_data(20, d=2)
+    model = make_model(X, Y, Z=X.clone(), temperature=1e-8, noise=0.02)
+    torch.testing.assert_close(model.weights(X).values, torch.eye(20, dtype=DTYPE), atol=0, rtol=0)
+    exact = SingleTaskGP(
+        X,
+        Y,
+        covar_module=copy.deepcopy(model.covar_module),
+        likelihood=copy.deepcopy(model.likelihood),
+        outcome_transform=None,
+    )
+    exact.mean_module.constant.data.fill_(0.0)
+    exact.eval()
+    expected = exact.posterior(X)
+    post = model.posterior(X)
+    torch.testing.assert_close(post.mean, expected.mean, atol=1e-8, rtol=0)
+    torch.testing.assert_close(
+        post.covariance_matrix, expected.covariance_matrix, atol=1e-8, rtol=0
+    )
+    mll = ExactMarginalLogLikelihood(exact.likelihood, exact)
+    exact.train()
+    with torch.no_grad():
+        expected_mll = mll(exact(X), Y.squeeze(-1)) * 20
+    torch.testing.assert_close(model.fit_objective()[0], expected_mll, atol=1e-8, rtol=0)
+
+
+def _naive_mean(model, X, y, Xs):
+    """Posterior mean from the normal equations C alpha = K W^T y / s2 (no QR)."""
+    with torch.no_grad():
+        K = model.covar_module(model.inducing_points).to_dense()
+        _, jitter = cholesky_with_jitter(K)
+        K = K + jitter * torch.eye(len(K), dtype=K.dtype)
+        W, s2 = model.weights(X).values, model.noise_variance
+        C = K + K @ W.mT @ W @ K / s2
+        alpha = torch.linalg.solve(C, K @ W.mT @ y / s2)
+        return model.weights(Xs).values @ K @ alpha, C
+
+
+def test_qr_solve_matches_dense_solve_when_well_conditioned():
+    X, Y = make_data(60, d=2)
+    model = make_model(X, Y, Z=torch.rand(30, 2, dtype=DTYPE), lengthscale=0.3, noise=1e-2)
+    Xs = torch.rand(10, 2, dtype=DTYPE)
+    naive, _ = _naive_mean(model, X, Y.squeeze(-1), Xs)
+    torch.testing.assert_close(model.posterior(Xs).mean.squeeze(-1), naive, atol=1e-8, rtol=0)
+
+
+def test_qr_solve_stays_accurate_where_normal_equations_fail():
+    """Long lengthscale, tiny noise: C = K + K W^T W K / s2 has condition ~1e18."""
+    X, Y = make_data(60, d=2)
+    model = make_model(X, Y, Z=torch.rand(30, 2, dtype=DTYPE), lengthscale=3.0, noise=1e-8)
+    Xs = torch.rand(10, 2, dtype=DTYPE)
+    oracle, _, _ = dense_oracle(model, X, Y.squeeze(-1), Xs)  # n x n: condition ~1e10
+    naive, C = _naive_mean(model, X, Y.squeeze(-1), Xs)
+    assert torch.linalg.cond(C) > 1e16
+    with pytest.raises(torch.linalg.LinAlgError):
+        torch.linalg.cholesky(C)  # the normal equations cannot even be factored
+    rel = lambda a: ((a - oracle).norm() / oracle.norm()).item()  # noqa: E731
+    naive_error = rel(naive) if torch.isfinite(naive).all() else math.inf
+    post = model.posterior(Xs)
+    assert torch.isfinite(post.mean).all() and torch.isfinite(post.variance).all()
+    assert (post.variance >= 0).all()
+    assert rel(post.mean.squeeze(-1)) < 1e-6
+    assert naive_error > 1e-2
+
+
+def test_hutchinson_pseudo_loss_value_and_gradient():
+    A = torch.randn(40, 40, dtype=DTYPE)
+    base = A @ A.mT / 40 + 0.5 * torch.eye(40, dtype=DTYPE)
+    y = torch.randn(40, dtype=DTYPE)
+    t = torch.tensor(1.0, dtype=DTYPE, requires_grad=True)
+    # Exact -log p and its gradient along Sigma(t) = t * base.
+    exact = -torch.distributions.MultivariateNormal(
+        torch.zeros(40, dtype=DTYPE), t * base
+    ).log_prob(y)
+    (exact_grad,) = torch.autograd.grad(exact, t)
+    generator = torch.Generator().manual_seed(0)
+    loss = hutchinson_pseudo_loss(t * base, y, num_probes=4000, generator=generator)
+    torch.testing.assert_close(loss.detach(), exact.detach())
+    (grad,) = torch.autograd.grad(loss, t)
+    assert abs(grad - exact_grad) < 0.05 * abs(exact_grad)
+
+
+def test_fit_lowers_pseudo_loss_and_improves_rmse():
+    d = 6
+    X, Y = make_data(800, d=d)
+    Xt = torch.rand(300, d, dtype=DTYPE)
+    Yt = target(Xt)
+    model = SoftKIGP(X, Y, num_inducing=64, outcome_transform=Standardize(1))
+    assert model.num_inducing == 64
+    rmse = lambda: (model.posterior(Xt).mean - Yt).square().mean().sqrt().item()  # noqa: E731
+    before, mll_before = rmse(), model.fit_objective()[0].item()
+    history = model.fit(num_epochs=15, batch_size=256, lr=0.02, seed=0)
+    assert len(history) == 15 and history[-1] < history[0]
+    after = rmse()
+    assert after < 0.8 * before
+    assert model.fit_objective()[0].item() > mll_before
+
+
+def test_fit_gpytorch_mll_increases_mll():
+    X, Y = make_data(120, d=3)
+    model = SoftKIGP(X, Y, num_inducing=24, outcome_transform=Standardize(1))
+    before = model.fit_objective()[0].item()
+    fit_gpytorch_mll(
+        ExactMarginalLogLikelihood(model.likelihood, model),
+        optimizer_kwargs={"options": {"maxiter": 50}},
+    )
+    assert model.fit_objective()[0].item() > before
+    assert torch.isfinite(model.posterior(X[:3]).mean).all()
+
+
+def test_optimize_acqf_with_q_log_ei():
+    bounds = torch.tensor([[-1.0, 0.0, 0.0], [1.0, 2.0, 1.0]], dtype=DTYPE)
+    X = bounds[0] + (bounds[1] - bounds[0]) * torch.rand(60, 3, dtype=DTYPE)
+    Y = -target(X)
+    model = SoftKIGP(
+        X,
+        Y,
+        num_inducing=20,
+        input_transform=Normalize(3, bounds=bounds),
+        outcome_transform=Standardize(1),
+    )
+    model.fit(num_epochs=3, batch_size=30, seed=0)
+    acqf = qLogExpectedImprovement(model, best_f=Y.max())
+    candidates, value = optimize_acqf(
+        acqf, bounds=bounds, q=2, num_restarts=2, raw_samples=16, options={"maxiter": 20}
+    )
+    assert candidates.shape == (2, 3) and torch.isfinite(value)
+    assert ((candidates >= bounds[0]) & (candidates <= bounds[1])).all()
+
+
+def test_condition_on_observations_equals_model_on_all_data():
+    X, Y = make_data(40, d=2)
+    Z = torch.rand(15, 2, dtype=DTYPE)
+    X_new, Y_new = make_data(3, d=2)
+    model = make_model(X, Y, Z=Z)
+    full = make_model(torch.cat([X, X_new]), torch.cat([Y, Y_new]), Z=Z)
+    conditioned = model.condition_on_observations(X_new, Y_new)
+    Xs = torch.rand(5, 2, dtype=DTYPE)
+    a, b = conditioned.posterior(Xs), full.posterior(Xs)
+    torch.testing.assert_close(a.mean, b.mean, atol=1e-8, rtol=0)
+    torch.testing.assert_close(a.covariance_matrix, b.covariance_matrix, atol=1e-8, rtol=0)
+    # BoTorch fantasies: batched over samples and candidate sets.
+    sampler = SobolQMCNormalSampler(sample_shape=torch.Size([4]))
+    fantasy = model.fantasize(torch.rand(3, 2, 2, dtype=DTYPE), sampler)
+    assert fantasy.batch_shape == (4, 3)
+    assert fantasy.posterior(Xs).mean.shape == (4, 3, 5, 1)
+
+
+def test_cache_is_reused_and_rebuilt_after_hyperparameter_change():
+    X, Y = make_data(30, d=2)
+    model = make_model(X, Y, Z=torch.rand(10, 2, dtype=DTYPE))
+    Xs = torch.rand(4, 2, dtype=DTYPE)
+    first = model.posterior(Xs).mean
+    cached = model._posterior
+    model.posterior(Xs)
+    assert model._posterior is cached
+    model.covar_module.base_kernel.lengthscale = 0.5
+    second = model.posterior(Xs).mean
+    assert model._posterior is not cached
+    expected, _, _ = dense_oracle(model, X, Y.squeeze(-1), Xs)
+    torch.testing.assert_close(second.squeeze(-1), expected, atol=1e-8, rtol=0)
+    assert not torch.allclose(first, second)
+
+
+def test_float32_and_default_options():
+    X, Y = make_data(200, d=4, dtype=torch.float32)
+    model = SoftKIGP(X, Y, outcome_transform=Standardize(1))
+    assert model.num_inducing == 200  # min(512, n): the inputs themselves
+    model = SoftKIGP(X, Y, num_inducing=32)
+    model.fit(num_epochs=2, batch_size=64, seed=0)
+    post = model.posterior(torch.rand(3, 5, 4))
+    assert post.mean.dtype == torch.float32 and post.mean.shape == (3, 5, 1)
+    assert torch.isfinite(post.mean).all() and (post.variance >= 0).all()
+    assert torch.isfinite(model.fit_objective()[0])
+
+
+def _state(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _same(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        ({"train_X": torch.tensor([[0.0, math.nan]], dtype=DTYPE)}, ValueError, "train_X"),
+        ({"train_X": torch.rand(2, 3, 2, dtype=DTYPE)}, ValueError, "train_X"),
+        ({"train_Y": torch.rand(9, 1, dtype=DTYPE)}, ValueError, "train_Y"),
+        ({"train_Y": torch.rand(10, 1)}, TypeError, "train_Y"),
+        ({"train_Yvar": torch.full((10, 1), 0.1, dtype=DTYPE)}, ValueError, "train_Yvar"),
+        ({"num_inducing": 0}, ValueError, "num_inducing"),
+        ({"temperature": -1.0}, ValueError, "temperature"),
+        ({"inducing_points": torch.rand(4, 3, dtype=DTYPE)}, ValueError, "inducing_points"),
+        ({"likelihood": "noise"}, TypeError, "likelihood"),
+        ({"covar_module": 3}, TypeError, "covar_module"),
+    ],
+)
+def test_bad_constructor_inputs_raise(kwargs, error, match):
+    args = {"train_X": torch.rand(10, 2, dtype=DTYPE), "train_Y": torch.rand(10, 1, dtype=DTYPE)}
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        SoftKIGP(**args)
+
+
+def test_bad_call_inputs_raise_and_leave_model_unchanged():
+    X, Y = make_data(30, d=2)
+    model = make_model(X, Y, Z=torch.rand(8, 2, dtype=DTYPE))
+    model.posterior(X[:2])
+    state = _state(model)
+    for call, error, match in [
+        (lambda: model.posterior(torch.rand(3, 2)), TypeError, "X"),
+        (lambda: model.posterior(torch.rand(3, 4, dtype=DTYPE)), ValueError, "X"),
+        (lambda: model.posterior(torch.tensor([[math.inf, 0.0]], dtype=DTYPE)), ValueError, "X"),
+        (lambda: model.fit(lr=-1.0), ValueError, "lr"),
+        (lambda: model.fit(batch_size=0), ValueError, "batch_size"),
+        (lambda: model.fit(num_epochs=1.5), ValueError, "num_epochs"),
+        (lambda: model.condition_on_observations(X[:2], Y[:3]), ValueError, "Y"),
+    ]:
+        with pytest.raises(error, match=match):
+            call()
+        assert _same(state, _state(model))
+    # A diverging fit restores the hyperparameters before raising.
+    with pytest.raises(ValueError, match="not finite"):
+        model.fit(num_epochs=1, batch_size=10, lr=1e30)
+    assert _same(state, _state(model))
