@@ -22,6 +22,7 @@ from botorch.sampling import SobolQMCNormalSampler
 from gpytorch.mlls import ExactMarginalLogLikelihood, SumMarginalLogLikelihood
 from oracles_sgpr import rel_err, titsias
 
+from streamgp.interpolation.grid import GridExtrapolationWarning
 from streamgp.models import (
     DecoupledSVGP,
     KissGP,
@@ -226,3 +227,44 @@ def test_known_noise_on_a_learned_noise_model_fails_at_construction(name):
     Y = _problem(X)[0]
     with pytest.raises(ValueError, match="train_Yvar"):
         FACTORIES[name](X, Y, train_Yvar=torch.full_like(Y, 0.01))
+
+
+@pytest.mark.parametrize("name", ["WiskiGP", "KissGP"])
+def test_grid_models_predict_outside_the_box_at_its_nearest_point(name):
+    X = torch.rand(12, 3, dtype=DTYPE)
+    model = _build(name, X, _problem(X)[0])
+    Xs = torch.tensor([[-0.05, 0.5, 1.1], [0.2, 0.3, 0.4]], dtype=DTYPE)
+    with pytest.warns(GridExtrapolationWarning, match="nearest point"):
+        outside = model.posterior(Xs)
+    inside = model.posterior(Xs.clamp(0.0, 1.0))
+    assert torch.equal(outside.mean, inside.mean)
+    assert torch.equal(outside.variance, inside.variance)
+    strict = FACTORIES[name](
+        X, _problem(X)[0], input_transform=Normalize(3, bounds=BOUNDS), extrapolation="error"
+    )
+    with pytest.raises(ValueError, match="outside grid_bounds"):
+        strict.posterior(Xs)
+    with pytest.raises(ValueError, match="extrapolation"):
+        FACTORIES[name](X, _problem(X)[0], extrapolation="linear")
+
+
+@pytest.mark.parametrize("name", ["WiskiGP", "KissGP"])
+def test_constrained_qlognei_without_a_feasible_point(name):
+    """qLogNEI then estimates an infeasible cost from points beyond the search box."""
+    X = torch.rand(10, 3, dtype=DTYPE)
+    X[0], X[1] = 0.0, 1.0  # the data's box is the search box; the probe pads it by 10%
+    objective_values = _problem(X)[0]
+    infeasible = X.sum(-1, keepdim=True) + 5.0  # no point satisfies <= 0
+    model = ModelListGP(*[_build(name, X, Y) for Y in (objective_values, infeasible)])
+    fit_gpytorch_mll(SumMarginalLogLikelihood(model.likelihood, model))
+    with pytest.warns(GridExtrapolationWarning):  # the infeasible-cost probe left the box
+        acqf = qLogNoisyExpectedImprovement(
+            model,
+            X,
+            SobolQMCNormalSampler(torch.Size([16])),
+            objective=GenericMCObjective(lambda Z, X=None: Z[..., 0]),
+            constraints=[lambda Z: Z[..., 1]],
+            prune_baseline=False,
+        )
+    new_X, value = optimize_acqf(acqf, BOUNDS, q=2, num_restarts=2, raw_samples=16)
+    assert new_X.shape == (2, 3) and torch.isfinite(value)

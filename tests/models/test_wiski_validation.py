@@ -7,6 +7,7 @@ import torch
 from botorch.models.transforms.input import ChainedInputTransform, InputStandardize, Normalize
 
 from streamgp import KissGP, WiskiGP
+from streamgp.interpolation.grid import GridExtrapolationWarning
 
 DTYPE = torch.float64
 
@@ -129,6 +130,9 @@ def test_condition_and_posterior_reject_bad_input(model):
         model.condition_on_observations(GOOD_X, torch.ones(3, 1, dtype=DTYPE))
     with pytest.raises(ValueError, match="X contains NaN"):
         model.posterior(NAN_X)
+    with pytest.warns(GridExtrapolationWarning, match="nearest point"):
+        model.posterior(OUTSIDE_X)  # the default policy predicts at the nearest box point
+    model.extrapolation = "error"
     with pytest.raises(ValueError, match="X has points outside grid_bounds"):
         model.posterior(OUTSIDE_X)
     with pytest.raises(TypeError, match="X has dtype"):

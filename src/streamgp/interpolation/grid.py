@@ -15,6 +15,7 @@ The flat grid index puts the first input dimension slowest, matching
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -153,6 +154,14 @@ class InterpolationWeights:
         return out.scatter_add(-1, self.indices, self.values)
 
 
+class GridExtrapolationWarning(UserWarning):
+    r"""A grid model predicted at points outside its grid (at the nearest box point)."""
+
+
+#: The grid models' ``extrapolation`` policies (see ``prediction_inputs``).
+EXTRAPOLATION_POLICIES = ("nearest", "error")
+
+
 class CubicGridInterpolation:
     r"""A fixed regular grid over a box and cubic interpolation onto it.
 
@@ -243,6 +252,32 @@ class CubicGridInterpolation:
                 f"max {flat.max(0).values.tolist()}). Normalize inputs "
                 "into grid_bounds or build the model with wider grid_bounds."
             )
+
+    def prediction_inputs(self, X: Tensor, extrapolation: str, name: str = "X") -> Tensor:
+        r"""Points at which a grid model predicts, under its ``extrapolation`` policy.
+
+        The SKI kernel is defined only inside the grid, but BoTorch evaluates posteriors
+        outside the search box too (qLogNEI with constraints and no feasible point yet
+        estimates an infeasible cost from points 10% beyond the data's box). With
+        ``"nearest"`` such points are predicted at the nearest point of the box
+        (constant extrapolation) and a warning says so; with ``"error"`` they raise.
+        Observations are always required inside the box.
+        """
+        if extrapolation == "error":
+            self.check_inside(X, name)
+            return X
+        lo, hi = self.bounds[0], self.bounds[1]
+        tol = self.BOUNDS_RTOL * (hi - lo)
+        if ((X < lo - tol) | (X > hi + tol)).any():
+            warnings.warn(
+                f"{name} has points outside grid_bounds; they are predicted at the nearest "
+                "point of the grid box (constant extrapolation). Pass extrapolation='error' "
+                "to the model to refuse them instead.",
+                GridExtrapolationWarning,
+                stacklevel=3,
+            )
+            return torch.minimum(torch.maximum(X, lo), hi)
+        return X
 
     def weights(self, X: Tensor) -> InterpolationWeights:
         r"""Interpolation weights of ``batch_shape x N x d`` points (assumed inside bounds).

@@ -93,7 +93,7 @@ from linear_operator.operators import (
 )
 from torch import Tensor
 
-from streamgp.interpolation.grid import CubicGridInterpolation
+from streamgp.interpolation.grid import EXTRAPOLATION_POLICIES, CubicGridInterpolation
 from streamgp.linalg.grid_kernel import grid_kernel_root, is_separable
 from streamgp.linalg.love import DEFAULT_TOLERANCE, compress_root
 from streamgp.linalg.structured import structured_grid_posterior
@@ -107,6 +107,7 @@ from streamgp.models.frozen_transforms import (
 )
 from streamgp.models.wiski import build_grid
 from streamgp.utils.validation import (
+    check_choice,
     check_conditioning_data,
     check_grid_input_transform,
     check_grid_model_data,
@@ -171,8 +172,13 @@ class KissGP(GPyTorchModel, ExactGP, FantasizeMixin):
         grid_size: Grid points per dimension (int or one per dimension), including the
             one-spacing padding beyond ``grid_bounds``. Default: about 1024 in total.
         grid_bounds: ``2 x d`` box covered by the grid, in the transformed input space.
-            Default: the unit cube (normalise inputs, e.g. with ``Normalize``). Points
-            outside are rejected.
+            Default: the unit cube (normalise inputs, e.g. with ``Normalize``).
+            Observations outside are rejected; predictions follow ``extrapolation``.
+        extrapolation: What a prediction outside ``grid_bounds`` does: ``"nearest"``
+            (default) predicts at the nearest point of the box and warns
+            (``GridExtrapolationWarning``), so BoTorch code that probes beyond the
+            search box (qLogNEI's infeasible-cost estimate) never fails mid-loop;
+            ``"error"`` raises ``ValueError``. Observations outside are always refused.
         covar_module: Base kernel (not a ``GridInterpolationKernel``; it is wrapped in
             :class:`SKIKernel`). Default: BoTorch's ``SingleTaskGP`` kernel.
         likelihood: Gaussian likelihood for the learned-noise variant; must be omitted
@@ -215,9 +221,11 @@ class KissGP(GPyTorchModel, ExactGP, FantasizeMixin):
         *,
         grid_size: int | Sequence[int] | None = None,
         grid_bounds: Tensor | None = None,
+        extrapolation: str = "nearest",
     ) -> None:
         check_grid_model_data(train_X, train_Y, train_Yvar, likelihood, allow_empty=False)
         check_grid_input_transform(input_transform)
+        check_choice(extrapolation, "extrapolation", EXTRAPOLATION_POLICIES)
         if isinstance(covar_module, GridInterpolationKernel):
             raise TypeError(
                 "covar_module must be the base kernel; KissGP wraps it in its own "
@@ -231,6 +239,7 @@ class KissGP(GPyTorchModel, ExactGP, FantasizeMixin):
             likelihood = get_gaussian_likelihood_with_lognormal_prior()
         ExactGP.__init__(self, train_X, train_Y.squeeze(-1), likelihood.to(**tkwargs))
         self.fixed_noise = train_Yvar is not None
+        self.extrapolation = extrapolation
         transformed_X, train_Y, train_Yvar = fit_frozen_transforms(
             self, train_X, train_Y, input_transform, outcome_transform, train_Yvar
         )
@@ -461,8 +470,7 @@ class KissGP(GPyTorchModel, ExactGP, FantasizeMixin):
         """
         self._check_inputs(X, "X")
         self.eval()
-        X_t = self.transform_inputs(X)
-        self.interpolation.check_inside(X_t, "X")
+        X_t = self.interpolation.prediction_inputs(self.transform_inputs(X), self.extrapolation)
         mvn = self.predict_latent(X_t)
         return assemble_posterior(
             self, mvn, X_t, observation_noise, lambda: self.noise_variance, posterior_transform

@@ -85,7 +85,11 @@ from linear_operator.operators import (
 )
 from torch import Tensor
 
-from streamgp.interpolation.grid import CubicGridInterpolation, InterpolationWeights
+from streamgp.interpolation.grid import (
+    EXTRAPOLATION_POLICIES,
+    CubicGridInterpolation,
+    InterpolationWeights,
+)
 from streamgp.linalg.data_space import DataCorrection, DataPosterior
 from streamgp.linalg.grid_kernel import GridKernelRoot, grid_kernel_root, is_separable
 from streamgp.linalg.love import DEFAULT_TOLERANCE, compress_root
@@ -105,6 +109,7 @@ from streamgp.models.frozen_transforms import (
     transform_new_data,
 )
 from streamgp.utils.validation import (
+    check_choice,
     check_conditioning_data,
     check_count,
     check_grid_input_transform,
@@ -181,14 +186,20 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
             points in total (32 per dimension in 2-D, 10 in 3-D).
         grid_bounds: ``2 x d`` box covered by the grid, in the (transformed) input
             space. Default: the unit cube, so inputs should be normalised, e.g. with
-            ``Normalize(d, bounds=bounds)``. The grid is fixed: points outside it
-            are rejected, never used to rebuild it.
+            ``Normalize(d, bounds=bounds)``. The grid is fixed: observations outside it
+            are rejected, never used to rebuild it; predictions follow
+            ``extrapolation``.
         covar_module: Base kernel (not a ``GridInterpolationKernel``). Default:
             BoTorch's ``SingleTaskGP`` kernel (RBF with dimension-scaled priors).
         likelihood: Gaussian likelihood for the learned-noise variant. Default:
             BoTorch's ``SingleTaskGP`` likelihood. Must be omitted with ``train_Yvar``.
         input_transform: Input transform, fitted on ``train_X`` and then frozen.
         outcome_transform: Outcome transform, fitted on ``train_Y`` and then frozen.
+        extrapolation: What a prediction outside ``grid_bounds`` does: ``"nearest"``
+            (default) predicts at the nearest point of the box and warns
+            (``GridExtrapolationWarning``), so BoTorch code that probes beyond the
+            search box (qLogNEI's infeasible-cost estimate) never fails mid-loop;
+            ``"error"`` raises ``ValueError``. Observations outside are always refused.
         data_space_limit: Largest number of observations kept in data space (rows
             and ``n x n`` matrices); past it they are folded into grid statistics
             for good. Default: ``min(m, MAX_DENSE_GRID)``, where the two costs cross.
@@ -229,11 +240,14 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         *,
         grid_size: int | Sequence[int] | None = None,
         grid_bounds: Tensor | None = None,
+        extrapolation: str = "nearest",
         data_space_limit: int | None = None,
     ) -> None:
         check_grid_model_data(train_X, train_Y, train_Yvar, likelihood)
         check_grid_input_transform(input_transform)
+        check_choice(extrapolation, "extrapolation", EXTRAPOLATION_POLICIES)
         super().__init__()
+        self.extrapolation = extrapolation
         dim = train_X.shape[-1]
         tkwargs = {"dtype": train_X.dtype, "device": train_X.device}
 
@@ -737,8 +751,7 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         """
         self._check_inputs(X, "X", min_dim=2)
         self.eval()
-        X_t = self.transform_inputs(X)
-        self.interpolation.check_inside(X_t, "X")
+        X_t = self.interpolation.prediction_inputs(self.transform_inputs(X), self.extrapolation)
         mvn = self(X_t)
         return assemble_posterior(
             self, mvn, X_t, observation_noise, lambda: self.noise_variance, posterior_transform

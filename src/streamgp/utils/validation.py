@@ -213,3 +213,10 @@ def check_no_known_noise(train_Yvar: object | None, model: str) -> None:
             "(train_Yvar) is not supported. Leave train_Yvar out, or use WiskiGP or KissGP, "
             "which take known noise."
         )
+
+
+def check_choice(value: object, name: str, choices: tuple[str, ...]) -> str:
+    r"""Return ``value`` if it is one of ``choices``; else raise ``ValueError`` naming ``name``."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}.")
+    return value
