@@ -28,6 +28,7 @@ from streamgp.models import (
     KissGP,
     LocalGP,
     OnlineSGPR,
+    OnlineSoftKIGP,
     OnlineSVGP,
     SoftKIGP,
     WiskiGP,
@@ -44,6 +45,9 @@ FACTORIES = {
     "DecoupledSVGP": lambda X, Y, **kw: DecoupledSVGP(X, Y, num_init_steps=30, **kw),
     "LocalGP": lambda X, Y, **kw: LocalGP(X, Y, w_gen=0.3, n_max=40, **kw),
     "SoftKIGP": lambda X, Y, **kw: SoftKIGP(X, Y, num_inducing=8, **kw),
+    "OnlineSoftKIGP": lambda X, Y, **kw: OnlineSoftKIGP(
+        X, Y, num_inducing=8, pretrain_epochs=2, **kw
+    ),
 }
 LEARNED_NOISE_ONLY = ["OnlineSGPR", "OnlineSVGP", "DecoupledSVGP", "LocalGP", "SoftKIGP"]
 
@@ -60,7 +64,7 @@ def _build(name, X, Y):
 
 
 def _num_data(model) -> int:
-    if isinstance(model, KissGP | WiskiGP | OnlineSGPR):
+    if isinstance(model, KissGP | WiskiGP | OnlineSGPR):  # OnlineSoftKIGP is a WiskiGP
         return model.num_train
     if isinstance(model, LocalGP):
         return int(model.counts.sum())

@@ -10,7 +10,14 @@ import pytest
 import torch
 from botorch.models.transforms import Normalize, Standardize
 
-from streamgp.models import DecoupledSVGP, LocalGP, OnlineSGPR, OnlineSVGP, WiskiGP
+from streamgp.models import (
+    DecoupledSVGP,
+    LocalGP,
+    OnlineSGPR,
+    OnlineSoftKIGP,
+    OnlineSVGP,
+    WiskiGP,
+)
 
 DTYPE = torch.float64
 BOUNDS = torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=DTYPE)
@@ -26,6 +33,9 @@ FACTORIES = {
         X, Y, num_init_steps=5, num_steps=3, minibatch_size=8, **_transforms()
     ),
     "LocalGP": lambda X, Y: LocalGP(X, Y, w_gen=0.5, n_max=10, **_transforms()),
+    "OnlineSoftKIGP": lambda X, Y: OnlineSoftKIGP(
+        X, Y, num_inducing=6, pretrain_epochs=2, **_transforms()
+    ),
 }
 
 

@@ -296,3 +296,31 @@ def grid_kernel_matrix(covar_module: Kernel, grid: list[Tensor]) -> Tensor:
     """
     points = torch.cartesian_prod(*grid) if len(grid) > 1 else grid[0].unsqueeze(-1)
     return covar_module(points).to_dense()
+
+
+def point_kernel_root(covar_module: Kernel, points: Tensor) -> GridKernelRoot:
+    r"""Root ``L`` of ``K_ZZ`` at explicit points ``Z`` (not a grid): one dense factor.
+
+    :func:`grid_kernel_root` needs a grid's axes (its Kronecker path evaluates the kernel
+    along each axis); models whose interpolation points are free, such as SoftKI's
+    learned points, use this instead. The result is a :class:`GridKernelRoot` with a
+    single ``m x m`` Cholesky factor, which every grid-space routine
+    (:mod:`streamgp.linalg.woodbury`, :mod:`streamgp.linalg.statistics`) accepts as it
+    is. The jitter follows :func:`cholesky_with_jitter`, so ``L L^T`` is the same
+    ``K_ZZ + jitter`` that :class:`~streamgp.models.SoftKIGP` factorises.
+
+    Args:
+        covar_module: A (non-batched) gpytorch kernel on ``d``-dimensional inputs.
+        points: ``m x d`` points ``Z``.
+
+    Returns:
+        ``L`` with ``L L^T = K_ZZ + jitter``; differentiable in the hyperparameters.
+
+    Example:
+        >>> from gpytorch.kernels import RBFKernel
+        >>> Z = torch.rand(10, 3, dtype=torch.float64)
+        >>> root = point_kernel_root(RBFKernel().to(Z), Z)
+        >>> root.num_grid
+        10
+    """
+    return GridKernelRoot((jittered_cholesky(covar_module(points).to_dense()),))

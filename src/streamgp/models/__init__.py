@@ -2,6 +2,7 @@
 
 from streamgp.models.kissgp import KissGP
 from streamgp.models.local_gp import LocalGP
+from streamgp.models.online_softki import OnlineSoftKIGP
 from streamgp.models.osgpr import OnlineSGPR
 from streamgp.models.osvgp import OnlineSVGP
 from streamgp.models.projection import LearnedProjection, ProjectedKernel
@@ -16,6 +17,7 @@ __all__ = [
     "ProjectedKernel",
     "LocalGP",
     "OnlineSGPR",
+    "OnlineSoftKIGP",
     "OnlineSVGP",
     "SoftKIGP",
     "WiskiGP",

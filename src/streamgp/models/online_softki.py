@@ -1,0 +1,622 @@
+r"""Online SoftKI: soft kernel interpolation with constant-time (in ``n``) updates.
+
+SoftKI (Camaño & Huang, "High-Dimensional Gaussian Process Regression with Soft
+Kernel Interpolation", 2024; :class:`~streamgp.models.SoftKIGP`) approximates the
+kernel by ``W K_zz W^T`` with ``m`` learned interpolation points ``Z`` and dense
+softmax weights ``W`` of temperature ``T`` (Definition 4.1). The paper trains and
+predicts in batch: every refit or prediction cache costs ``O(n m^2)``, and new data
+mean a new factorisation of all data.
+
+What is new here: with ``Z`` and ``T`` *fixed*, SoftKI is kernel interpolation with a
+different ``W``, so the grid-space algebra of WISKI (Stanton et al., "Kernel
+Interpolation for Scalable Online Gaussian Processes", AISTATS 2021) applies
+unchanged. :class:`OnlineSoftKIGP` is a :class:`~streamgp.models.WiskiGP` whose
+interpolation is SoftKI's softmax onto ``Z`` (:class:`SoftmaxPointInterpolation`, the
+only seam) and whose kernel root is a dense Cholesky factor of ``K_zz``
+(:func:`~streamgp.linalg.grid_kernel.point_kernel_root`). Everything else is WISKI's
+code path, unchanged:
+
+- the model keeps only ``A = W^T Lambda^{-1} W``, ``b = W^T Lambda^{-1} y``, ``c`` and
+  ``n`` (:class:`~streamgp.linalg.statistics.GridStatistics`): ``O(m^2)`` memory at any
+  ``n``;
+- :meth:`~streamgp.models.WiskiGP.observe` absorbs ``q`` points in ``O(m^2 q)`` (a
+  rank-``q`` root update, or a refactorisation when ``q`` is a large fraction of ``m``);
+- :meth:`~streamgp.models.WiskiGP.condition_on_observations` (BoTorch's ``fantasize``,
+  qKG, qNIPV, ...) adds a rank-``q`` correction, batched over fantasies;
+- :meth:`~streamgp.models.WiskiGP.fit_objective` is the *exact* SoftKI log marginal
+  likelihood ``log N(y | 0, W K_zz W^T + Lambda)`` from the statistics in ``O(m^3)``,
+  whatever ``n`` is, so ``fit_gpytorch_mll(ExactMarginalLogLikelihood(likelihood,
+  model))`` refits the kernel and the noise at a cost independent of ``n``;
+- known observation noise (``train_Yvar``), LOVE variances, ``restandardize`` and
+  ``checkpoint``/``restore`` come with it.
+
+``Z`` and ``T`` are learned once, by SoftKI's Algorithm 1 (:meth:`SoftKIGP.fit`, the
+Hutchinson pseudo-loss) on the constructor's batch, and then frozen: the statistics
+are sums over ``W(x_i)``, which change with ``Z`` and ``T``, so re-learning them needs
+the raw data. ``keep_data=True`` keeps the (transformed) observations, ``O(n d)``
+memory, so that :meth:`OnlineSoftKIGP.refit_points` can re-learn ``Z`` and ``T`` on all
+data and rebuild the statistics (``O(n m^2)``).
+
+Posteriors equal those of a batch :class:`~streamgp.models.SoftKIGP` with the same
+``Z``, ``T`` and hyperparameters on the same data (tested to 1e-8): SoftKI's QR
+factorisation and WISKI's ``I + L^T A L`` Cholesky are two factorisations of one model.
+The QR is better conditioned for tiny noise; grid space needs ``I + L^T A L / s2`` to
+be factorable, which holds for any noise BoTorch's default constraints allow.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from botorch.models.transforms.input import InputTransform
+from botorch.models.transforms.outcome import OutcomeTransform, Standardize
+from botorch.models.utils.gpytorch_modules import (
+    get_covar_module_with_dim_scaled_prior,
+    get_gaussian_likelihood_with_lognormal_prior,
+)
+from gpytorch.constraints import GreaterThan
+from gpytorch.kernels import Kernel
+from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
+from torch import Tensor
+
+from streamgp.interpolation.grid import InterpolationWeights
+from streamgp.interpolation.softmax import DenseInterpolationWeights, softmax_interpolation
+from streamgp.linalg.grid_kernel import GridKernelRoot, point_kernel_root
+from streamgp.linalg.statistics import GridStatistics
+from streamgp.linalg.woodbury import GridPosterior
+from streamgp.models.frozen_transforms import fit_frozen_transforms
+from streamgp.models.softki import DEFAULT_NUM_INDUCING, SoftKIGP
+from streamgp.models.wiski import WiskiGP
+from streamgp.utils.validation import check_count, check_grid_model_data, check_tensor
+
+#: Epochs of SoftKI's Algorithm 1 run on the constructor's batch by default.
+DEFAULT_PRETRAIN_EPOCHS = 50
+#: ``SoftKIGP.fit`` options the model sets itself (not through ``pretrain_options``).
+_RESERVED_FIT_OPTIONS = ("num_epochs",)
+
+
+class SoftmaxPointInterpolation(torch.nn.Module):
+    r"""SoftKI's softmax interpolation onto fixed points, with a grid interpolation's interface.
+
+    What :class:`~streamgp.models.WiskiGP` asks of its interpolation (``weights``,
+    ``num_grid``, ``dim``, ``bounds``, ``check_inside``, ``prediction_inputs``), for
+    the free points ``Z`` and temperature ``T`` of SoftKI. The points and the
+    temperature are buffers (saved in ``state_dict``, moved with the model, never
+    trained by a hyperparameter fit).
+
+    Args:
+        points: ``m x d`` interpolation points ``Z`` (transformed input space).
+        temperature: Softmax temperature ``T > 0``.
+        top_k: Keep only the ``top_k`` largest weights per row (renormalised), as sparse
+            :class:`~streamgp.interpolation.grid.InterpolationWeights`; None: dense.
+        squared: Weights ``exp(-||x - z||^2 / T)`` instead of ``exp(-||x - z|| / T)``.
+
+    Example:
+        >>> Z = torch.rand(32, 3, dtype=torch.float64)
+        >>> interpolation = SoftmaxPointInterpolation(Z, 0.1)
+        >>> interpolation.weights(torch.rand(5, 3, dtype=torch.float64)).values.shape
+        torch.Size([5, 32])
+    """
+
+    def __init__(
+        self,
+        points: Tensor,
+        temperature: float | Tensor,
+        top_k: int | None = None,
+        squared: bool = False,
+    ) -> None:
+        super().__init__()
+        self.register_buffer("points", points.detach().clone())
+        value = torch.as_tensor(temperature, dtype=points.dtype).to(points.device).reshape(())
+        self.register_buffer("temperature", value.detach().clone())
+        self.top_k = top_k
+        self.squared = squared
+
+    @property
+    def num_grid(self) -> int:
+        r"""Number ``m`` of interpolation points (the "grid" of the WISKI algebra)."""
+        return self.points.shape[-2]
+
+    @property
+    def dim(self) -> int:
+        return self.points.shape[-1]
+
+    @property
+    def grid_size(self) -> list[int]:
+        return [self.num_grid]
+
+    @property
+    def bounds(self) -> Tensor:
+        r"""``2 x d`` bounding box of the points (dtype and device of the model)."""
+        return torch.stack([self.points.min(0).values, self.points.max(0).values])
+
+    def check_inside(self, X: Tensor, name: str = "X") -> None:
+        r"""Nothing to check: softmax weights are defined at every input."""
+
+    def prediction_inputs(self, X: Tensor, extrapolation: str = "nearest", name: str = "X"):
+        r"""``X`` itself: softmax weights extrapolate (towards the nearest points)."""
+        return X
+
+    def weights(self, X: Tensor) -> DenseInterpolationWeights | InterpolationWeights:
+        r"""Softmax weights of ``batch x N x d`` transformed inputs (differentiable in ``X``)."""
+        return softmax_interpolation(
+            X, self.points, self.temperature, top_k=self.top_k, squared=self.squared
+        )
+
+    def extra_repr(self) -> str:
+        return f"num_points={self.num_grid}, top_k={self.top_k}, squared={self.squared}"
+
+
+def _check_temperature(temperature: object) -> None:
+    if temperature is not None and (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not math.isfinite(temperature)
+        or temperature <= 0
+    ):
+        raise ValueError(f"temperature must be a positive number or None, got {temperature!r}.")
+
+
+def _check_top_k(top_k: object, m: int) -> None:
+    if top_k is not None and (
+        not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= m
+    ):
+        raise ValueError(
+            f"top_k must be None or an int in [1, {m}] (the number of points), got {top_k!r}."
+        )
+
+
+def _check_fit_options(options: object, name: str) -> dict[str, Any]:
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise TypeError(f"{name} must be a dict of SoftKIGP.fit options, got {type(options)}.")
+    reserved = sorted(set(options) & set(_RESERVED_FIT_OPTIONS))
+    if reserved:
+        raise ValueError(f"{name} must not set {reserved} (use the model's own argument).")
+    return dict(options)
+
+
+class OnlineSoftKIGP(WiskiGP):
+    r"""SoftKI with frozen interpolation points and WISKI's constant-time online updates.
+
+    Builds (and by default learns, with SoftKI's Algorithm 1 on the constructor's batch)
+    ``m`` interpolation points ``Z`` and a temperature ``T``, freezes them, and from then
+    on is a :class:`~streamgp.models.WiskiGP` whose interpolation is SoftKI's softmax
+    onto ``Z``: ``observe`` in ``O(m^2 q)``, rank-``q`` ``condition_on_observations`` /
+    ``fantasize``, the exact SoftKI marginal likelihood in ``O(m^3)`` whatever ``n``
+    (``fit_gpytorch_mll`` refits kernel and noise, never ``Z`` or ``T``), joint
+    posteriors, known noise, ``checkpoint`` / ``restore``.
+
+    Args:
+        train_X: ``n x d`` training inputs. ``n`` may be 0 if ``inducing_points`` is
+            given (nothing to pretrain on).
+        train_Y: ``n x 1`` training targets.
+        train_Yvar: Optional ``n x 1`` known noise variances (fixed heteroskedastic
+            noise; ``observe`` then requires ``Yvar``). Pretraining uses their mean as a
+            fixed homoskedastic noise level (it only shapes ``Z``, ``T`` and the
+            kernel); the statistics weight every row by its own variance.
+        likelihood: Gaussian likelihood (learned noise). Default: BoTorch's
+            ``SingleTaskGP`` likelihood. Must be omitted with ``train_Yvar``.
+        covar_module: Kernel of the points. Default: BoTorch's ``SingleTaskGP`` kernel.
+        outcome_transform: Outcome transform, fitted on ``train_Y`` and then frozen.
+        input_transform: Input transform, fitted on ``train_X`` and then frozen.
+        num_inducing: Number ``m`` of points, initialised at k-means centres of the
+            transformed inputs. Default ``min(512, n)`` (SoftKI's rule; at most ``n``),
+            so the first batch should be representative of the stream.
+        inducing_points: ``m x d`` initial points (transformed space) instead of k-means.
+        temperature: Initial temperature ``T > 0``. Default: SoftKI's (half the median
+            nearest-neighbour distance of the points).
+        top_k: Keep only the ``top_k`` largest softmax weights per row (renormalised):
+            sparse rows, ``O(top_k^2)`` per row for the statistics instead of
+            ``O(m^2)``. None (default): SoftKI's dense weights.
+        squared_distance: Weights ``exp(-||x - z||^2 / T)``.
+        pretrain_epochs: Epochs of :meth:`SoftKIGP.fit` on the constructor's batch
+            (learns ``Z``, ``T``, the kernel and the noise); 0 keeps the initial values.
+        pretrain_options: Further :meth:`SoftKIGP.fit` options (``batch_size``, ``lr``,
+            ``num_probes``, ``learn_noise``, ``seed``).
+        keep_data: Keep every observation (transformed), ``O(n d)`` memory, so that
+            :meth:`refit_points` can re-learn ``Z`` and ``T``. Default False: the model
+            keeps ``O(m^2)`` statistics only.
+        seed: Seed of the k-means++ initialisation.
+
+    Example:
+        >>> X = torch.rand(300, 6, dtype=torch.float64)
+        >>> f = lambda X: torch.sin(3 * X).sum(-1, keepdim=True)
+        >>> model = OnlineSoftKIGP(X, f(X), num_inducing=64, pretrain_epochs=5)
+        >>> X_new = torch.rand(10, 6, dtype=torch.float64)
+        >>> model = model.observe(X_new, f(X_new))  # O(m^2 q), whatever n
+        >>> posterior = model.posterior(torch.rand(4, 6, dtype=torch.float64))
+    """
+
+    data_state_prefixes = (*WiskiGP.data_state_prefixes, "interpolation.")
+
+    def __init__(
+        self,
+        train_X: Tensor,
+        train_Y: Tensor,
+        train_Yvar: Tensor | None = None,
+        likelihood: GaussianLikelihood | None = None,
+        covar_module: Kernel | None = None,
+        outcome_transform: OutcomeTransform | None = None,
+        input_transform: InputTransform | None = None,
+        *,
+        num_inducing: int | None = None,
+        inducing_points: Tensor | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        squared_distance: bool = False,
+        pretrain_epochs: int = DEFAULT_PRETRAIN_EPOCHS,
+        pretrain_options: dict[str, Any] | None = None,
+        keep_data: bool = False,
+        seed: int = 0,
+    ) -> None:
+        # Validate everything before any state is created.
+        check_grid_model_data(train_X, train_Y, train_Yvar, likelihood)
+        n, dim = train_X.shape
+        check_count(num_inducing, "num_inducing", minimum=1, allow_none=True)
+        if inducing_points is not None:
+            if num_inducing is not None:
+                raise ValueError("Pass either num_inducing or inducing_points, not both.")
+            check_tensor(inducing_points, "inducing_points", like=train_X, min_dim=2, last_dim=dim)
+            if inducing_points.dim() != 2 or len(inducing_points) == 0:
+                raise ValueError(
+                    "inducing_points must have shape m x d with m >= 1, got "
+                    f"{tuple(inducing_points.shape)}."
+                )
+            m = len(inducing_points)
+        elif n == 0:
+            raise ValueError(
+                "train_X is empty: pass inducing_points (and optionally temperature), as there "
+                "is nothing to place or learn the interpolation points on."
+            )
+        else:
+            m = min(DEFAULT_NUM_INDUCING if num_inducing is None else num_inducing, n)
+        _check_temperature(temperature)
+        _check_top_k(top_k, m)
+        if not isinstance(squared_distance, bool):
+            raise TypeError(
+                f"squared_distance must be a bool, got {type(squared_distance).__name__}."
+            )
+        check_count(pretrain_epochs, "pretrain_epochs", minimum=0)
+        pretrain_options = _check_fit_options(pretrain_options, "pretrain_options")
+        if not isinstance(keep_data, bool):
+            raise TypeError(f"keep_data must be a bool, got {type(keep_data).__name__}.")
+        if covar_module is not None and not isinstance(covar_module, Kernel):
+            raise TypeError(
+                f"covar_module must be a gpytorch Kernel, got {type(covar_module).__name__}."
+            )
+
+        # WiskiGP's constructor builds a grid; the softmax points replace it, and the rest
+        # of WiskiGP (statistics, updates, conditioning, likelihood) is used as it is.
+        super(WiskiGP, self).__init__()
+        self.extrapolation = "nearest"  # softmax weights are defined everywhere
+        tkwargs = {"dtype": train_X.dtype, "device": train_X.device}
+        X_t, Y_t, Yvar_t = fit_frozen_transforms(
+            self, train_X, train_Y, input_transform, outcome_transform, train_Yvar
+        )
+        if covar_module is None:
+            covar_module = get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
+        self.covar_module = covar_module.to(**tkwargs)
+        self.fixed_noise = train_Yvar is not None
+        if self.fixed_noise:
+            self.likelihood = FixedNoiseGaussianLikelihood(
+                noise=Yvar_t.mean().reshape(1) if n else torch.ones(1, **tkwargs)
+            ).to(**tkwargs)
+        else:
+            self.likelihood = (
+                get_gaussian_likelihood_with_lognormal_prior() if likelihood is None else likelihood
+            ).to(**tkwargs)
+        self.structured = False  # a dense m x m root, always
+        self.data_space_limit = 0  # grid space from the start (dense W has no data space)
+        self.keep_data = keep_data
+        y = Y_t.squeeze(-1).detach()
+        noise = None if Yvar_t is None else Yvar_t.squeeze(-1).detach()
+
+        points, temp = self._learn_points(
+            X_t.detach(),
+            y,
+            noise,
+            num_inducing=num_inducing,
+            inducing_points=inducing_points,
+            temperature=temperature,
+            squared_distance=squared_distance,
+            num_epochs=pretrain_epochs,
+            fit_options=pretrain_options,
+            seed=seed,
+        )
+        self.interpolation = SoftmaxPointInterpolation(points, temp, top_k, squared_distance)
+        self._kept: list[tuple[Tensor, Tensor, Tensor | None]] = []
+        self._clear_caches()
+        self._set_statistics(self._statistics_of(self.interpolation, X_t.detach(), y, noise))
+        if keep_data and n:
+            self._kept = [(X_t.detach().clone(), y.clone(), None if noise is None else noise)]
+
+    # ---------------------------------------------------------- interpolation
+    @property
+    def inducing_points(self) -> Tensor:
+        r"""The frozen ``m x d`` interpolation points ``Z`` (transformed input space)."""
+        return self.interpolation.points
+
+    @property
+    def temperature(self) -> Tensor:
+        r"""The frozen softmax temperature ``T``."""
+        return self.interpolation.temperature
+
+    @property
+    def num_inducing(self) -> int:
+        r"""Number ``m`` of interpolation points."""
+        return self.interpolation.num_grid
+
+    @property
+    def top_k(self) -> int | None:
+        return self.interpolation.top_k
+
+    @property
+    def squared_distance(self) -> bool:
+        return self.interpolation.squared
+
+    def kernel_root(self) -> GridKernelRoot:
+        r"""Root ``L`` of ``K_zz`` at the current hyperparameters (dense; differentiable)."""
+        return point_kernel_root(self.covar_module, self.interpolation.points)
+
+    def _learn_points(
+        self,
+        X_t: Tensor,
+        y: Tensor,
+        noise: Tensor | None,
+        *,
+        num_inducing: int | None,
+        inducing_points: Tensor | None,
+        temperature: float | None,
+        squared_distance: bool,
+        num_epochs: int,
+        fit_options: dict[str, Any],
+        seed: int,
+    ) -> tuple[Tensor, Tensor]:
+        r"""SoftKI's Algorithm 1 on ``(X_t, y)``: points and temperature (then frozen).
+
+        A batch :class:`SoftKIGP` sharing this model's kernel (and likelihood, for
+        learned noise) is fitted; its points and temperature are returned.
+        """
+        if len(y) == 0:  # nothing to learn from: the given points, SoftKI's default T
+            if temperature is None:
+                holder = SimpleNamespace(
+                    inducing_points=inducing_points, squared_distance=squared_distance
+                )
+                temperature = SoftKIGP._default_temperature(holder)
+            return inducing_points.detach().clone(), torch.as_tensor(temperature).to(X_t)
+        if self.fixed_noise:
+            # SoftKIGP learns one noise level: pretrain at the mean known variance.
+            mean_noise = noise.mean()
+            pretrain_likelihood = GaussianLikelihood(
+                noise_constraint=GreaterThan(min(1e-4, 0.5 * mean_noise.item()))
+            ).to(X_t)
+            pretrain_likelihood.noise = mean_noise
+            fit_options = {**fit_options, "learn_noise": False}
+        else:
+            pretrain_likelihood = self.likelihood
+        softki = SoftKIGP(
+            X_t,
+            y.unsqueeze(-1),
+            likelihood=pretrain_likelihood,
+            covar_module=self.covar_module,
+            num_inducing=num_inducing,
+            inducing_points=inducing_points,
+            temperature=temperature,
+            squared_distance=squared_distance,
+            seed=seed,
+        )
+        if num_epochs > 0:
+            softki.fit(num_epochs=num_epochs, **fit_options)
+        return softki.inducing_points.detach().clone(), softki.temperature.detach().clone()
+
+    def _statistics_of(
+        self,
+        interpolation: SoftmaxPointInterpolation,
+        X_t: Tensor,
+        y: Tensor,
+        noise: Tensor | None,
+    ) -> GridStatistics:
+        r"""Grid statistics of transformed rows, in chunks (memory ``O(chunk m)``)."""
+        statistics = GridStatistics.empty(interpolation.num_grid, y, self.fixed_noise, False)
+        with torch.no_grad():
+            for start in range(0, len(y), self.STATISTICS_CHUNK):
+                rows = slice(start, start + self.STATISTICS_CHUNK)
+                weights = interpolation.weights(X_t[rows])
+                statistics = statistics.add(
+                    weights, y[rows], None if noise is None else noise[rows]
+                )
+        return statistics
+
+    # ------------------------------------------------------------ raw data
+    def kept_data(self) -> tuple[Tensor, Tensor, Tensor | None]:
+        r"""Every observation kept with ``keep_data=True``: transformed ``(X, y, Yvar)``.
+
+        Returns:
+            ``n x d`` inputs, ``n`` targets and ``n`` noise variances (None for learned
+            noise), in the transformed spaces. Conditioning (fantasies) is not included.
+
+        Raises:
+            RuntimeError: If the model was built with ``keep_data=False``.
+        """
+        if not self.keep_data:
+            raise RuntimeError(
+                "This model keeps no raw data; build it with keep_data=True (O(n d) memory)."
+            )
+        if not self._kept:
+            like = self.interpolation.points
+            empty_noise = like.new_zeros(0) if self.fixed_noise else None
+            return like.new_zeros(0, self.interpolation.dim), like.new_zeros(0), empty_noise
+        if len(self._kept) > 1:  # consolidate (a new list: views share the old one)
+            X, y, noise = zip(*self._kept, strict=True)
+            self._kept = [
+                (torch.cat(X), torch.cat(y), None if noise[0] is None else torch.cat(noise))
+            ]
+        return self._kept[0]
+
+    def observe(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> OnlineSoftKIGP:
+        r"""Absorb new observations in place, in ``O(m^2 q)`` time (independent of ``n``).
+
+        Args:
+            X: ``q x d`` new inputs (original space).
+            Y: ``q x 1`` new targets (original space).
+            Yvar: ``q x 1`` noise variances; required exactly with ``train_Yvar``.
+
+        Returns:
+            The model itself. On invalid input, raises and leaves the model unchanged.
+        """
+        super().observe(X, Y, Yvar)
+        if self.keep_data and len(X):
+            X_t, Y_t, Yvar_t = self._transform_new_data(X, Y, Yvar)
+            row = (
+                X_t.detach(),
+                Y_t.squeeze(-1).detach(),
+                None if Yvar_t is None else Yvar_t.squeeze(-1).detach(),
+            )
+            self._kept = [*self._kept, row]  # a new list: views share the old one
+        return self
+
+    def refit_points(
+        self,
+        num_epochs: int = DEFAULT_PRETRAIN_EPOCHS,
+        num_inducing: int | None = None,
+        **fit_options: Any,
+    ) -> OnlineSoftKIGP:
+        r"""Re-learn ``Z`` and ``T`` (and the kernel, noise) on all kept data; rebuild.
+
+        Runs SoftKI's Algorithm 1 (:meth:`SoftKIGP.fit`) on every observation kept with
+        ``keep_data=True``, starting from the current points and temperature (or from
+        ``num_inducing`` fresh k-means points), then rebuilds the statistics from the
+        raw data with the new weights: ``O(num_epochs n m^2)`` plus ``O(n m^2)``.
+
+        Args:
+            num_epochs: Epochs of :meth:`SoftKIGP.fit`.
+            num_inducing: Restart from this many k-means points (default: keep ``m``
+                and warm-start from the current points).
+            fit_options: Further :meth:`SoftKIGP.fit` options (``batch_size``, ``lr``,
+                ``num_probes``, ``learn_noise``, ``seed``).
+
+        Returns:
+            The model itself.
+
+        Raises:
+            RuntimeError: Without ``keep_data=True``, or on a model conditioned with
+                ``condition_on_observations`` (whose rows are not kept).
+            ValueError: On invalid options or no data; the model is then unchanged.
+        """
+        if not self.keep_data:
+            raise RuntimeError(
+                "refit_points needs the raw observations: build the model with "
+                "keep_data=True (O(n d) memory)."
+            )
+        if len(self.batch_shape) > 0 or (self._conditioning_log and not self._log_from_observe):
+            raise RuntimeError(
+                "refit_points is not available on a model conditioned with "
+                "condition_on_observations (its rows are not kept); call it on the parent."
+            )
+        check_count(num_epochs, "num_epochs", minimum=0)
+        check_count(num_inducing, "num_inducing", minimum=1, allow_none=True)
+        fit_options = _check_fit_options(fit_options, "fit_options")
+        X_t, y, noise = self.kept_data()
+        if len(y) == 0:
+            raise ValueError("refit_points needs at least one kept observation; there are none.")
+        m = self.num_inducing if num_inducing is None else min(num_inducing, len(y))
+        _check_top_k(self.top_k, m)
+        warm = num_inducing is None
+        points, temp = self._learn_points(
+            X_t,
+            y,
+            noise,
+            num_inducing=None if warm else num_inducing,
+            inducing_points=self.inducing_points if warm else None,
+            temperature=self.temperature.item() if warm else None,
+            squared_distance=self.squared_distance,
+            num_epochs=num_epochs,
+            fit_options=fit_options,
+            seed=0,
+        )
+        # A new module (views made earlier keep the old points and statistics).
+        interpolation = SoftmaxPointInterpolation(points, temp, self.top_k, self.squared_distance)
+        statistics = self._statistics_of(interpolation, X_t, y, noise)
+        self.interpolation = interpolation
+        self._clear_caches()
+        self._set_statistics(statistics)
+        return self
+
+    def restandardize(self, rescale_hyperparameters: bool = True) -> OnlineSoftKIGP:
+        r"""As :meth:`WiskiGP.restandardize` (exact: softmax rows sum to one); kept data follow."""
+        transform = getattr(self, "outcome_transform", None)
+        before = None
+        if isinstance(transform, Standardize):
+            before = (transform.means.reshape(()).clone(), transform.stdvs.reshape(()).clone())
+        super().restandardize(rescale_hyperparameters)
+        if self.keep_data and self._kept:
+            old_mean, old_std = before
+            new_mean, new_std = transform.means.reshape(()), transform.stdvs.reshape(())
+            alpha, beta = old_std / new_std, (old_mean - new_mean) / new_std
+            self._kept = [
+                (X, alpha * y + beta, None if noise is None else noise * alpha**2)
+                for X, y, noise in self._kept
+            ]
+        return self
+
+    # --------------------------------------------------------------- state
+    def _apply(self, fn, *args, **kwargs):
+        super()._apply(fn, *args, **kwargs)
+        self._kept = [
+            (fn(X), fn(y), None if noise is None else fn(noise)) for X, y, noise in self._kept
+        ]
+        return self
+
+    def _stream_state(self) -> dict[str, Any]:
+        r"""Options, the cached posterior factors and (``keep_data``) the raw observations.
+
+        The posterior of an observed model came from rank-``q`` updates; saving it (rather
+        than refactorising the statistics on restore) makes the restored model predict,
+        and continue the stream, bit for bit as this one.
+        """
+        state: dict[str, Any] = {
+            "top_k": self.top_k,
+            "squared_distance": self.squared_distance,
+            "keep_data": self.keep_data,
+        }
+        posterior = self._posterior
+        if (
+            isinstance(posterior, GridPosterior)
+            and self._correction is None
+            and self._caches_valid()
+        ):
+            state["posterior_root"] = posterior.root
+            state["posterior_mean"] = posterior.mean
+        if self.keep_data:
+            X, y, noise = self.kept_data()
+            state["kept_X"], state["kept_y"] = X, y
+            if noise is not None:
+                state["kept_noise"] = noise
+        return state
+
+    def _set_stream_state(self, state: dict[str, Any]) -> None:
+        self.interpolation.top_k = state["top_k"]
+        self.interpolation.squared = bool(state["squared_distance"])
+        self.keep_data = bool(state["keep_data"])
+        self._kept = []
+        if self.keep_data and len(state["kept_y"]):
+            self._kept = [(state["kept_X"], state["kept_y"], state.get("kept_noise"))]
+        if "posterior_root" in state:
+            self._posterior = GridPosterior(state["posterior_root"], state["posterior_mean"])
+            self._hyper_snapshot = [p.detach().clone() for p in self._hyperparameters()]
+
+    def _prepare_state_load(self, state_dict: dict[str, Any]) -> None:
+        # A checkpoint may have another number of points (refit_points(num_inducing=...)).
+        points = state_dict.get("interpolation.points")
+        if points is not None and points.shape != self.interpolation.points.shape:
+            self.interpolation = SoftmaxPointInterpolation(
+                points.to(self.interpolation.points),
+                self.temperature,
+                None,
+                self.squared_distance,
+            )
