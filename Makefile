@@ -18,12 +18,12 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(PY) -m streamgp.demo
 
-# The test suite also covers the optional Ax integration (streamgp[ax]).
-$(VENV)/.installed-ax: $(VENV)/.installed
-	$(PY) -m pip install --quiet -e ".[test,plots,ax]"
+# The test suite also covers the optional extras: Ax (streamgp[ax]) and Dask (streamgp[cluster]).
+$(VENV)/.installed-extras: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e ".[test,plots,ax,cluster]"
 	touch $@
 
-test: $(VENV)/.installed-ax
+test: $(VENV)/.installed-extras
 	$(PY) -m pytest -q
 
 lint: $(VENV)/.installed

@@ -57,3 +57,51 @@ def test_model_size_options_reach_their_models():
     assert options["osvgp"] == {"num_inducing": 9}
     defaults = _model_options(build_parser().parse_args(["bo"]))
     assert defaults == {"wiski": {}, "kissgp": {}, "osvgp": {}}
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["bo", "--workers", "0"], "expected a positive integer, got '0'"),
+        (["bo", "--workers", "2", "--scheduler", "tcp://x:8786"], "not allowed with argument"),
+        (["active", "--processes", "2", "--workers", "2"], "not allowed with argument"),
+        (["stream", "--torch-threads", "0"], "expected a positive integer, got '0'"),
+    ],
+)
+def test_parallel_option_errors_are_clear(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_parallel_options_choose_the_executor():
+    from streamgp.cli import _executor, build_parser
+    from streamgp.loops.executors import ProcessExecutor, SequentialExecutor
+
+    for command in ("bo", "active", "stream"):
+        args = build_parser().parse_args([command])
+        with _executor(args) as executor:
+            assert isinstance(executor, SequentialExecutor) and executor.torch_threads is None
+    args = build_parser().parse_args(["bo", "--processes", "3", "--torch-threads", "2"])
+    with _executor(args) as executor:
+        assert isinstance(executor, ProcessExecutor)
+        assert (executor.workers, executor.torch_threads) == (3, 2)
+
+
+@pytest.mark.slow
+def test_bo_with_two_dask_workers_gives_the_sequential_csv(tmp_path, capsys):
+    pytest.importorskip(
+        "distributed", reason="--workers needs dask[distributed] (pip install 'streamgp[cluster]')"
+    )
+    argv = "bo --function levy --models wiski,exact --trials 2 --steps 2 --q 2 --num-init 4"
+    argv += " --grid-size 6 --num-restarts 2 --raw-samples 16 --batch-limit 2 --maxiter 5"
+    argv += " --fit-max-iter 5 --no-plots --no-progress --out"
+    main([*argv.split(), str(tmp_path / "seq"), "--torch-threads", "1"])
+    main([*argv.split(), str(tmp_path / "dask"), "--workers", "2"])
+    sequential = pd.read_csv(tmp_path / "seq" / "bo_levy_qucb.csv")
+    parallel = pd.read_csv(tmp_path / "dask" / "bo_levy_qucb.csv")
+    assert len(parallel) == 2 * 2 * 3
+    assert not parallel.duplicated(["model", "trial", "step"]).any()
+    same = [column for column in sequential if not column.endswith("_time")]
+    pd.testing.assert_frame_equal(parallel[same], sequential[same])
+    assert "best_value" in capsys.readouterr().out

@@ -10,8 +10,15 @@ Commands (``streamgp <command> --help`` lists every option):
   protocol on a benchmark dataset; writes ``stream_<dataset>.csv`` (the curves),
   ``stream_<dataset>_summary.csv`` and a PNG like the paper's Figures 3 / 4.
 
+Each (model, trial) run is one task. By default they run one after the other in this
+process; ``--workers N`` runs them on a Dask ``LocalCluster`` of ``N`` single-threaded
+worker processes, ``--scheduler ADDRESS`` on a running Dask scheduler (both need
+``pip install 'streamgp[cluster]'``) and ``--processes N`` in ``N`` local processes. The
+outputs are the same either way; a run whose worker dies is resumed from its checkpoint.
+
 Example:
     ``streamgp bo --function levy --models wiski,exact --steps 300 --out results/``
+    ``streamgp bo --function levy --trials 8 --workers 4 --out results/``
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from contextlib import contextmanager
 
 import pandas as pd
 
@@ -102,6 +110,65 @@ def _common(parser: argparse.ArgumentParser, default_q: int, default_init: int) 
     parser.add_argument("--resume", action="store_true", help="continue from checkpoints in --out")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--no-plots", action="store_true")
+    _parallel(parser)
+
+
+def _parallel(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "parallel runs", "one task per (model, trial); the outputs do not depend on these"
+    )
+    where = group.add_mutually_exclusive_group()
+    where.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="start a Dask LocalCluster of N single-threaded worker processes "
+        "(needs streamgp[cluster])",
+    )
+    where.add_argument(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="run on the Dask scheduler at ADDRESS, e.g. tcp://10.0.0.1:8786 "
+        "(needs streamgp[cluster])",
+    )
+    where.add_argument(
+        "--processes",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="run in N local processes (no Dask)",
+    )
+    group.add_argument(
+        "--torch-threads",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="torch threads per task (default: 1 with --workers/--scheduler/--processes, "
+        "torch's own otherwise)",
+    )
+
+
+@contextmanager
+def _executor(args: argparse.Namespace):
+    """The executor that ``--workers/--scheduler/--processes/--torch-threads`` ask for."""
+    from streamgp.loops.executors import DaskExecutor, make_executor
+
+    try:
+        executor = make_executor(
+            workers=args.workers,
+            scheduler=args.scheduler,
+            processes=args.processes,
+            torch_threads=args.torch_threads,
+        )
+    except (ImportError, OSError) as error:
+        raise SystemExit(f"streamgp {args.command}: error: {error}") from None
+    with executor:
+        if isinstance(executor, DaskExecutor) and not args.no_progress:
+            link = executor.dashboard_link
+            print(f"Dask: {executor.client}" + (f", dashboard {link}" if link else ""))
+        yield executor
 
 
 def _acquisition_options(args: argparse.Namespace) -> AcquisitionOptions:
@@ -197,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     stream.add_argument("--resume", action="store_true", help="continue from checkpoints in --out")
     stream.add_argument("--no-progress", action="store_true")
     stream.add_argument("--no-plots", action="store_true")
+    _parallel(stream)
     return parser
 
 
@@ -212,27 +280,29 @@ def _bo(args: argparse.Namespace) -> None:
 
     if args.acquisition == "ei" and args.q != 1:
         raise SystemExit("streamgp bo: error: --acquisition ei (analytic) needs --q 1")
-    results = run_bo_experiment(
-        args.function,
-        models=args.models,
-        acquisition=args.acquisition,
-        steps=args.steps,
-        max_steps=args.max_steps,
-        trials=args.trials,
-        dim=args.dim,
-        noise_std=args.noise_std,
-        q=args.q,
-        num_init=args.num_init,
-        fit_every=args.fit_every,
-        fit_max_iter=args.fit_max_iter,
-        acquisition_options=_acquisition_options(args),
-        model_options=_model_options(args),
-        device=args.device,
-        out=args.out,
-        resume=args.resume,
-        progress=not args.no_progress,
-        plots=not args.no_plots,
-    )
+    with _executor(args) as executor:
+        results = run_bo_experiment(
+            args.function,
+            models=args.models,
+            acquisition=args.acquisition,
+            steps=args.steps,
+            max_steps=args.max_steps,
+            trials=args.trials,
+            dim=args.dim,
+            noise_std=args.noise_std,
+            q=args.q,
+            num_init=args.num_init,
+            fit_every=args.fit_every,
+            fit_max_iter=args.fit_max_iter,
+            acquisition_options=_acquisition_options(args),
+            model_options=_model_options(args),
+            device=args.device,
+            out=args.out,
+            resume=args.resume,
+            progress=not args.no_progress,
+            plots=not args.no_plots,
+            executor=executor,
+        )
     _print_summary(results, ["model"], "best_value")
     print(f"results written to {args.out}/")
 
@@ -255,33 +325,35 @@ def _active(args: argparse.Namespace) -> None:
     options = _model_options(args)
     options["wiski"].setdefault("grid_size", 30)
     options["kissgp"].setdefault("grid_size", 30)
-    results = run_active_experiment(
-        pool_X,
-        pool_Y,
-        test_X,
-        test_Y,
-        pool_Yvar,
-        name=f"active_{args.dataset}",
-        models=args.models,
-        acquisitions=args.acquisitions,
-        steps=args.steps,
-        max_steps=args.max_steps,
-        trials=args.trials,
-        q=args.q,
-        num_init=args.num_init,
-        num_mc_points=args.num_mc_points,
-        candidates_per_step=args.candidates,
-        fit_every=args.fit_every,
-        fit_max_iter=args.fit_max_iter,
-        kernel_factory=malaria_kernel,
-        acquisition_options=_acquisition_options(args),
-        model_options=options,
-        device=args.device,
-        out=args.out,
-        resume=args.resume,
-        progress=not args.no_progress,
-        plots=not args.no_plots,
-    )
+    with _executor(args) as executor:
+        results = run_active_experiment(
+            pool_X,
+            pool_Y,
+            test_X,
+            test_Y,
+            pool_Yvar,
+            name=f"active_{args.dataset}",
+            models=args.models,
+            acquisitions=args.acquisitions,
+            steps=args.steps,
+            max_steps=args.max_steps,
+            trials=args.trials,
+            q=args.q,
+            num_init=args.num_init,
+            num_mc_points=args.num_mc_points,
+            candidates_per_step=args.candidates,
+            fit_every=args.fit_every,
+            fit_max_iter=args.fit_max_iter,
+            kernel_factory=malaria_kernel,
+            acquisition_options=_acquisition_options(args),
+            model_options=options,
+            device=args.device,
+            out=args.out,
+            resume=args.resume,
+            progress=not args.no_progress,
+            plots=not args.no_plots,
+            executor=executor,
+        )
     _print_summary(results, ["model", "acquisition"], "test_rmse")
     print(f"results written to {args.out}/")
 
@@ -290,12 +362,8 @@ def _stream(args: argparse.Namespace) -> None:
     from pathlib import Path
 
     from streamgp import datasets
-    from streamgp.loops.stream import (
-        CLASSIFICATION_MODELS,
-        StreamConfig,
-        run_stream_experiment,
-        summarize_stream,
-    )
+    from streamgp.loops.experiments import StreamSplits, run_stream_experiment
+    from streamgp.loops.stream import CLASSIFICATION_MODELS, StreamConfig, summarize_stream
 
     prefix = "streamgp stream: error:"
     try:
@@ -323,22 +391,24 @@ def _stream(args: argparse.Namespace) -> None:
                 f"{prefix} {spec.name} is a classification dataset; models {unsupported} "
                 f"have no classification variant (choose from {', '.join(CLASSIFICATION_MODELS)})"
             )
-    results = run_stream_experiment(
-        lambda seed: datasets.load_streaming_split(spec.name, seed, args.data_dir),
-        name=spec.name,
-        models=args.models,
-        trials=args.trials,
-        first_trial=args.first_trial,
-        batch_size=args.batch_size,
-        num_evals=args.num_evals,
-        max_stream=args.max_stream,
-        config=config,
-        out=args.out,
-        resume=args.resume,
-        progress=not args.no_progress,
-        plots=not args.no_plots,
-        device=args.device,
-    )
+    with _executor(args) as executor:
+        results = run_stream_experiment(
+            StreamSplits(spec.name, args.data_dir),
+            name=spec.name,
+            models=args.models,
+            trials=args.trials,
+            first_trial=args.first_trial,
+            batch_size=args.batch_size,
+            num_evals=args.num_evals,
+            max_stream=args.max_stream,
+            config=config,
+            out=args.out,
+            resume=args.resume,
+            progress=not args.no_progress,
+            plots=not args.no_plots,
+            device=args.device,
+            executor=executor,
+        )
     summary = summarize_stream(results)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     summary.to_csv(Path(args.out) / f"stream_{spec.name}_summary.csv", index=False)

@@ -3,6 +3,13 @@
 from streamgp.loops.acquisition import AcquisitionOptions
 from streamgp.loops.active import ActiveLearningLoop
 from streamgp.loops.bo import TEST_FUNCTIONS, BayesOptLoop, make_test_function
+from streamgp.loops.executors import (
+    DaskExecutor,
+    Executor,
+    ProcessExecutor,
+    SequentialExecutor,
+    make_executor,
+)
 from streamgp.loops.stream import (
     STREAM_MODELS,
     StreamConfig,
@@ -25,12 +32,17 @@ __all__ = [
     "AcquisitionOptions",
     "ActiveLearningLoop",
     "BayesOptLoop",
+    "DaskExecutor",
     "ExactSurrogate",
+    "Executor",
+    "ProcessExecutor",
+    "SequentialExecutor",
     "StreamConfig",
     "StreamingLoop",
     "Surrogate",
     "WiskiSurrogate",
     "dirichlet_targets",
+    "make_executor",
     "make_surrogate",
     "make_test_function",
     "run_stream_experiment",
