@@ -99,7 +99,10 @@ def _common(parser: argparse.ArgumentParser, default_q: int, default_init: int) 
         "--grid-size", type=_positive_int, default=None, help="WISKI/KISS-GP grid per dim"
     )
     parser.add_argument(
-        "--num-inducing", type=_positive_int, default=None, help="O-SVGP inducing points"
+        "--num-inducing",
+        type=_positive_int,
+        default=None,
+        help="O-SVGP inducing points / SoftKI interpolation points",
     )
     parser.add_argument("--num-restarts", type=_positive_int, default=10)
     parser.add_argument("--raw-samples", type=_positive_int, default=512)
@@ -185,7 +188,7 @@ def _acquisition_options(args: argparse.Namespace) -> AcquisitionOptions:
 def _model_options(args: argparse.Namespace) -> dict[str, dict]:
     grid = {} if args.grid_size is None else {"grid_size": args.grid_size}
     inducing = {} if args.num_inducing is None else {"num_inducing": args.num_inducing}
-    return {"wiski": dict(grid), "kissgp": dict(grid), "osvgp": inducing}
+    return {"wiski": dict(grid), "kissgp": dict(grid), "osvgp": inducing, "softki": inducing}
 
 
 def build_parser() -> argparse.ArgumentParser:

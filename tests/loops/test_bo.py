@@ -11,6 +11,7 @@ MODEL_OPTIONS = {
     "wiski": {"grid_size": 6},
     "kissgp": {"grid_size": 6},
     "osvgp": {"num_inducing": 16, "update_steps": 3},
+    "softki": {"num_inducing": 32},
     "exact": {},
 }
 
@@ -30,7 +31,7 @@ def make_loop(model="wiski", acquisition="qucb", q=3, seed=0, **kwargs):
     )
 
 
-@pytest.mark.parametrize("model", ["wiski", "kissgp", "osvgp", "exact"])
+@pytest.mark.parametrize("model", ["wiski", "kissgp", "osvgp", "softki", "exact"])
 @pytest.mark.parametrize(
     "acquisition, q",
     [("qucb", 3), ("ei", 1), ("qei", 2), ("qlogei", 2), ("qnipv", 2), ("random", 3)],
@@ -101,7 +102,7 @@ def test_seeded_runs_are_reproducible_and_leave_global_rng_alone():
     assert first["best_value"].tolist() != other["best_value"].tolist()
 
 
-@pytest.mark.parametrize("model", ["wiski", "kissgp", "osvgp", "exact"])
+@pytest.mark.parametrize("model", ["wiski", "kissgp", "osvgp", "softki", "exact"])
 def test_resume_from_checkpoint_reproduces_uninterrupted_run(tmp_path, model):
     columns = ["step", "num_observations", "best_value", "best_observed"]
     full = make_loop(model).run(4)
@@ -160,3 +161,20 @@ def test_wiski_loop_runs_under_the_love_switches(monkeypatch, acquisition, q):
     # LOVE roots were built (and rebuilt after each observe), not the dense posterior only.
     assert len(calls) >= 2
     assert history["best_value"].notna().all()
+
+
+def test_softki_loop_runs_in_six_dimensions():
+    loop = BayesOptLoop(
+        make_test_function("hartmann", dim=6),
+        model="softki",
+        acquisition="qlogei",
+        q=2,
+        num_init=5,
+        fit_max_iter=5,
+        acquisition_options=TINY,
+        model_options={"num_inducing": 32},
+        seed=0,
+    )
+    history = loop.run(2)
+    assert list(history["num_observations"]) == [5, 7, 9]
+    assert loop.surrogate.model.num_train == 9

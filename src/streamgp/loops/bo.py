@@ -23,6 +23,7 @@ import torch
 from botorch.test_functions import (
     Ackley,
     Griewank,
+    Hartmann,
     Levy,
     Michalewicz,
     Rastrigin,
@@ -47,6 +48,9 @@ TEST_FUNCTIONS: dict[str, tuple[type[SyntheticTestFunction], float]] = {
     "rastrigin": (Rastrigin, 10.0),
     "griewank": (Griewank, 4.0),
     "michalewicz": (Michalewicz, 5.0),
+    # Not in the WISKI paper: a standard higher-dimensional benchmark (d = 3, 4 or 6) for
+    # models without a grid (SoftKI); noise sd 0.1 of its range of about 3.3.
+    "hartmann": (Hartmann, 0.1),
 }
 
 

@@ -36,9 +36,10 @@ from botorch.models.utils.gpytorch_modules import get_covar_module_with_dim_scal
 from gpytorch.kernels import Kernel, ScaleKernel
 from gpytorch.mlls import ExactMarginalLogLikelihood
 from torch import Tensor
+from torch.quasirandom import SobolEngine
 
 from streamgp.mlls import WoodburyMarginalLogLikelihood
-from streamgp.models import KissGP, OnlineSVGP, WiskiGP
+from streamgp.models import KissGP, OnlineSoftKIGP, OnlineSVGP, WiskiGP
 from streamgp.utils.validation import check_count
 
 #: Builds the covariance module for a given input dimension (``None``: the model's default).
@@ -398,8 +399,84 @@ class ExactSurrogate(Surrogate):
         self._model = self._build(state["model"])
 
 
+class SoftKISurrogate(Surrogate):
+    r""":class:`OnlineSoftKIGP`: constant-time updates in any input dimension (no grid).
+
+    A BO loop starts from a handful of points, too few to learn SoftKI's interpolation
+    points from (SoftKI's Algorithm 1 would place ``m <= n_0`` points on them), so the
+    ``num_inducing`` points are a scrambled Sobol design of the unit cube (where the
+    loops' inputs live) and the softmax temperature is SoftKI's default for them; both
+    stay fixed. The kernel (BoTorch's dim-scaled RBF in a ``ScaleKernel``, as for the
+    grid models) and the noise are refitted on the exact SoftKI likelihood from the
+    statistics, ``O(m^3)`` whatever ``n`` is.
+
+    Args:
+        num_inducing: Interpolation points ``m`` (default 256).
+        seed: Seed of the Sobol design.
+        **kwargs: As :class:`Surrogate`.
+
+    Example:
+        >>> X = torch.rand(5, 6, dtype=torch.float64)
+        >>> s = SoftKISurrogate(X, X.sum(-1, keepdim=True), num_inducing=64)
+        >>> s.update(torch.rand(3, 6, dtype=torch.float64), torch.rand(3, 1, dtype=torch.float64))
+        >>> s.model.num_train
+        8
+    """
+
+    name = "softki"
+
+    def __init__(
+        self,
+        train_X: Tensor,
+        train_Y: Tensor,
+        train_Yvar: Tensor | None = None,
+        *,
+        kernel_factory: KernelFactory | None = None,
+        num_inducing: int = 256,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(train_X, train_Y, train_Yvar, kernel_factory=kernel_factory)
+        check_count(num_inducing, "num_inducing", minimum=1)
+        dim = train_X.shape[-1]
+        sobol = SobolEngine(dim, scramble=True, seed=seed)
+        points = sobol.draw(num_inducing, dtype=torch.float64).to(train_X)
+        self._model = OnlineSoftKIGP(
+            train_X,
+            train_Y,
+            train_Yvar,
+            covar_module=self._covar_module(dim) or _scaled_default_kernel(dim),
+            outcome_transform=Standardize(m=1),
+            inducing_points=points,
+            pretrain_epochs=0,
+        ).eval()
+
+    @property
+    def model(self) -> OnlineSoftKIGP:
+        return self._model
+
+    def update(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> None:
+        self._model.observe(X, Y, Yvar)
+
+    def fit(self, max_iter: int | None = None) -> None:
+        _fit(ExactMarginalLogLikelihood(self._model.likelihood, self._model), max_iter)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self._model.checkpoint()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._model.restore(state["model"])
+        self._model.eval()
+
+
 SURROGATES: dict[str, type[Surrogate]] = {
-    cls.name: cls for cls in (WiskiSurrogate, KissSurrogate, OnlineSVGPSurrogate, ExactSurrogate)
+    cls.name: cls
+    for cls in (
+        WiskiSurrogate,
+        KissSurrogate,
+        OnlineSVGPSurrogate,
+        SoftKISurrogate,
+        ExactSurrogate,
+    )
 }
 
 
