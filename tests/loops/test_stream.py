@@ -308,7 +308,7 @@ def test_batches_and_checkpoint_resume_match_an_uninterrupted_run(tmp_path):
         other.load(tmp_path / "run.pt")
 
 
-@pytest.mark.parametrize("model", ["wiski", "exact", "exact-projected", "osvgp"])
+@pytest.mark.parametrize("model", ["wiski", "softki", "exact", "exact-projected", "osvgp"])
 def test_classification_protocol(model):
     split = make_streaming_split(synthetic_classification(300, seed=2), seed=0)
     loop = StreamingLoop(split, model, config=FAST, num_evals=1, max_stream=40)
@@ -507,3 +507,20 @@ def test_docstring_examples_run():
 
     for module in (stream, projection):
         assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0
+
+
+def test_softki_streams_on_all_inputs_and_tracks_the_exact_gp(tmp_path):
+    split = _regression_split(400)
+    config = StreamConfig(pretrain_steps=40, num_inducing=64, exact_max=100)
+    finals = {}
+    for model in ("softki", "exact"):
+        loop = StreamingLoop(split, model, config=config, num_evals=1, max_stream=100)
+        finals[model] = loop.run().dropna(subset=["test_rmse"]).iloc[-1]
+    assert finals["softki"]["num_observations"] == split.num_pretrain + 100
+    assert finals["softki"]["test_rmse"] < 1.5 * finals["exact"]["test_rmse"]
+    kwargs = {"config": FAST, "batch_size": 4, "num_evals": 2, "max_stream": 16}
+    full = StreamingLoop(split, "softki", **kwargs).run()
+    StreamingLoop(split, "softki", **kwargs).run(2, checkpoint=tmp_path / "softki.pt")
+    rest = StreamingLoop(split, "softki", **kwargs).load(tmp_path / "softki.pt").run()
+    columns = ["num_observations", "test_rmse", "test_nll"]
+    pd.testing.assert_frame_equal(rest[columns], full[columns])
