@@ -105,3 +105,23 @@ def test_bo_with_two_dask_workers_gives_the_sequential_csv(tmp_path, capsys):
     same = [column for column in sequential if not column.endswith("_time")]
     pd.testing.assert_frame_equal(parallel[same], sequential[same])
     assert "best_value" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_bo_on_an_existing_scheduler_gives_the_sequential_csv(tmp_path):
+    distributed = pytest.importorskip(
+        "distributed",
+        reason="--scheduler needs dask[distributed] (pip install 'streamgp[cluster]')",
+    )
+    argv = "bo --function levy --models wiski --trials 2 --steps 2 --q 2 --num-init 4"
+    argv += " --grid-size 6 --num-restarts 2 --raw-samples 16 --batch-limit 2 --maxiter 5"
+    argv += " --fit-max-iter 5 --no-plots --no-progress --torch-threads 1 --out"
+    main([*argv.split(), str(tmp_path / "seq")])
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    ) as cluster:
+        main([*argv.split(), str(tmp_path / "remote"), "--scheduler", cluster.scheduler_address])
+    sequential = pd.read_csv(tmp_path / "seq" / "bo_levy_qucb.csv")
+    remote = pd.read_csv(tmp_path / "remote" / "bo_levy_qucb.csv")
+    same = [column for column in sequential if not column.endswith("_time")]
+    pd.testing.assert_frame_equal(remote[same], sequential[same])
