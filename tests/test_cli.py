@@ -54,9 +54,9 @@ def test_model_size_options_reach_their_models():
     args = build_parser().parse_args(["bo", "--grid-size", "7", "--num-inducing", "9"])
     options = _model_options(args)
     assert options["wiski"] == options["kissgp"] == {"grid_size": 7}
-    assert options["osvgp"] == {"num_inducing": 9}
+    assert options["osvgp"] == options["softki"] == {"num_inducing": 9}
     defaults = _model_options(build_parser().parse_args(["bo"]))
-    assert defaults == {"wiski": {}, "kissgp": {}, "osvgp": {}}
+    assert defaults == {"wiski": {}, "kissgp": {}, "osvgp": {}, "softki": {}}
 
 
 @pytest.mark.parametrize(
