@@ -150,3 +150,17 @@ def test_streaming_surrogate_rebuilds_when_old_rows_change():
     assert not _extends(dataset(X[:4], Y[:4]), dataset(X[:4], Y[:4]))  # nothing new
     with pytest.raises(ValueError, match="refit_every"):
         StreamingSurrogate(refit_every=0)
+
+
+@pytest.mark.slow
+def test_a_client_with_a_streamgp_model_saves_and_loads(tmp_path):
+    from streamgp.ax import MODEL_CLASSES
+
+    assert WiskiGP in MODEL_CLASSES and OnlineSGPR in MODEL_CLASSES
+    client = _client(_plain_strategy(WiskiGP))
+    _run(client, NUM_INITIAL + 2)
+    path = tmp_path / "client.json"
+    client.save_to_json_file(str(path))
+    loaded = Client.load_from_json_file(str(path))
+    _run(loaded, 1)  # the loaded strategy rebuilds the WiskiGP and proposes a trial
+    assert len(loaded._experiment.trials) == NUM_INITIAL + 3

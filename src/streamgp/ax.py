@@ -12,8 +12,10 @@ strategy (Sobol initial trials, then the streaming surrogate).
 Old rows only stay fixed if Ax's adapter does not re-standardise the outcomes from all
 trials, so the strategy leaves out Ax's ``Winsorize`` and ``StandardizeY`` transforms and
 gives the model a BoTorch ``Standardize``, which streamgp fits on the first batch and
-freezes. Requires the optional extra: ``pip install "streamgp[ax]"`` (Ax 1.3.1, the
-release that pins BoTorch 0.18.1).
+freezes. Importing this module also registers streamgp's models with Ax's storage, so
+a ``Client`` whose ``ModelConfig`` names one can be saved with ``save_to_json_file``.
+Requires the optional extra: ``pip install "streamgp[ax]"`` (Ax 1.3.1, the release that
+pins BoTorch 0.18.1).
 
 Example:
     >>> from ax.api import Client, RangeParameterConfig
@@ -48,13 +50,38 @@ try:
         copy_model_config_with_default_values,
         fit_botorch_model,
     )
+    from ax.storage.botorch_modular_registry import register_model
 except ImportError as error:  # pragma: no cover - exercised without the extra
     raise ImportError(
         "streamgp.ax needs Ax: pip install 'streamgp[ax]' (ax-platform 1.3.1)."
     ) from error
+from botorch.models.model import Model
 from botorch.models.transforms.outcome import Standardize
 
+from streamgp import models as _models
 from streamgp.utils.validation import check_count
+
+#: streamgp's BoTorch model classes, as Ax's storage registry knows them after
+#: :func:`register_with_ax_storage`.
+MODEL_CLASSES = tuple(
+    cls
+    for cls in (getattr(_models, name) for name in _models.__all__)
+    if isinstance(cls, type) and issubclass(cls, Model)
+)
+
+
+def register_with_ax_storage() -> None:
+    r"""Add streamgp's model classes to Ax's JSON/SQL registries (done on import).
+
+    Without it ``client.save_to_json_file`` fails on any ``ModelConfig`` naming a
+    streamgp model (Ax stores the class by its registered name). A strategy holding a
+    :class:`StreamingSurrogate` object cannot be saved to JSON yet.
+    """
+    for model_class in MODEL_CLASSES:
+        register_model(model_class)
+
+
+register_with_ax_storage()
 
 #: Ax's adapter transforms for a streaming model: its modular-BoTorch defaults without
 #: ``Winsorize`` and ``StandardizeY``, which recompute every outcome from all trials.
