@@ -103,6 +103,11 @@ def _scaled_default_kernel(dim: int) -> Kernel:
     return ScaleKernel(get_covar_module_with_dim_scaled_prior(ard_num_dims=dim))
 
 
+def _sobol_points(num: int, dim: int, seed: int, like: Tensor) -> Tensor:
+    r"""``num`` scrambled Sobol points in the unit cube (the loops' input domain)."""
+    return SobolEngine(dim, scramble=True, seed=seed).draw(num, dtype=torch.float64).to(like)
+
+
 def _fit(mll, max_iter: int | None) -> None:
     options = {} if max_iter is None else {"options": {"maxiter": int(max_iter)}}
     fit_gpytorch_mll(mll, optimizer_kwargs=options)
@@ -183,10 +188,10 @@ class WiskiSurrogate(_GridSurrogate):
     mll_cls = WoodburyMarginalLogLikelihood
 
     def state_dict(self) -> dict[str, Any]:
-        return {"model": self._model.state_dict()}
+        return {"model": self._model.checkpoint()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._model.load_state_dict(state["model"], keep_transforms=False)
+        self._model.restore(state["model"])
         self._model.eval()
 
 
@@ -285,8 +290,7 @@ class OnlineSVGPSurrogate(Surrogate):
         super().__init__(train_X, train_Y, kernel_factory=kernel_factory)
         self.fit_steps = fit_steps
         dim = train_X.shape[-1]
-        sobol = torch.quasirandom.SobolEngine(dim, scramble=True, seed=seed)
-        inducing_points = sobol.draw(num_inducing).to(train_X)
+        inducing_points = _sobol_points(num_inducing, dim, seed, train_X)
         covar_module = self._covar_module(dim)
         self._model = OnlineSVGP(
             train_X,
@@ -399,7 +403,7 @@ class ExactSurrogate(Surrogate):
         self._model = self._build(state["model"])
 
 
-class SoftKISurrogate(Surrogate):
+class SoftKISurrogate(WiskiSurrogate):
     r""":class:`OnlineSoftKIGP`: constant-time updates in any input dimension (no grid).
 
     A BO loop starts from a handful of points, too few to learn SoftKI's interpolation
@@ -435,37 +439,23 @@ class SoftKISurrogate(Surrogate):
         num_inducing: int = 256,
         seed: int = 0,
     ) -> None:
+        self.num_inducing = check_count(num_inducing, "num_inducing", minimum=1)
+        self.seed = seed
         super().__init__(train_X, train_Y, train_Yvar, kernel_factory=kernel_factory)
-        check_count(num_inducing, "num_inducing", minimum=1)
-        dim = train_X.shape[-1]
-        sobol = SobolEngine(dim, scramble=True, seed=seed)
-        points = sobol.draw(num_inducing, dtype=torch.float64).to(train_X)
-        self._model = OnlineSoftKIGP(
-            train_X,
-            train_Y,
-            train_Yvar,
+
+    def _build(self) -> OnlineSoftKIGP:
+        X, Y, Yvar = self.initial
+        dim = X.shape[-1]
+        model = OnlineSoftKIGP(
+            X,
+            Y,
+            Yvar,
             covar_module=self._covar_module(dim) or _scaled_default_kernel(dim),
             outcome_transform=Standardize(m=1),
-            inducing_points=points,
+            inducing_points=_sobol_points(self.num_inducing, dim, self.seed, X),
             pretrain_epochs=0,
-        ).eval()
-
-    @property
-    def model(self) -> OnlineSoftKIGP:
-        return self._model
-
-    def update(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> None:
-        self._model.observe(X, Y, Yvar)
-
-    def fit(self, max_iter: int | None = None) -> None:
-        _fit(ExactMarginalLogLikelihood(self._model.likelihood, self._model), max_iter)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"model": self._model.checkpoint()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._model.restore(state["model"])
-        self._model.eval()
+        )
+        return model.eval()
 
 
 SURROGATES: dict[str, type[Surrogate]] = {
