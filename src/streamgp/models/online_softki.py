@@ -46,7 +46,6 @@ be factorable, which holds for any noise BoTorch's default constraints allow.
 
 from __future__ import annotations
 
-import math
 from types import SimpleNamespace
 from typing import Any
 
@@ -70,7 +69,12 @@ from streamgp.linalg.woodbury import GridPosterior
 from streamgp.models.frozen_transforms import fit_frozen_transforms
 from streamgp.models.softki import DEFAULT_NUM_INDUCING, SoftKIGP
 from streamgp.models.wiski import WiskiGP
-from streamgp.utils.validation import check_count, check_grid_model_data, check_tensor
+from streamgp.utils.validation import (
+    check_count,
+    check_grid_model_data,
+    check_inducing_points,
+    check_positive_number,
+)
 
 #: Epochs of SoftKI's Algorithm 1 run on the constructor's batch by default.
 DEFAULT_PRETRAIN_EPOCHS = 50
@@ -148,16 +152,6 @@ class SoftmaxPointInterpolation(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"num_points={self.num_grid}, top_k={self.top_k}, squared={self.squared}"
-
-
-def _check_temperature(temperature: object) -> None:
-    if temperature is not None and (
-        isinstance(temperature, bool)
-        or not isinstance(temperature, (int, float))
-        or not math.isfinite(temperature)
-        or temperature <= 0
-    ):
-        raise ValueError(f"temperature must be a positive number or None, got {temperature!r}.")
 
 
 def _check_top_k(top_k: object, m: int) -> None:
@@ -261,12 +255,7 @@ class OnlineSoftKIGP(WiskiGP):
         if inducing_points is not None:
             if num_inducing is not None:
                 raise ValueError("Pass either num_inducing or inducing_points, not both.")
-            check_tensor(inducing_points, "inducing_points", like=train_X, min_dim=2, last_dim=dim)
-            if inducing_points.dim() != 2 or len(inducing_points) == 0:
-                raise ValueError(
-                    "inducing_points must have shape m x d with m >= 1, got "
-                    f"{tuple(inducing_points.shape)}."
-                )
+            check_inducing_points(inducing_points, train_X, dim)
             m = len(inducing_points)
         elif n == 0:
             raise ValueError(
@@ -275,7 +264,7 @@ class OnlineSoftKIGP(WiskiGP):
             )
         else:
             m = min(DEFAULT_NUM_INDUCING if num_inducing is None else num_inducing, n)
-        _check_temperature(temperature)
+        check_positive_number(temperature, "temperature", allow_none=True)
         _check_top_k(top_k, m)
         if not isinstance(squared_distance, bool):
             raise TypeError(

@@ -67,6 +67,7 @@ from streamgp.linalg.woodbury import LowRankCorrection
 from streamgp.models.base import StreamingModelMixin
 from streamgp.models.frozen_transforms import assemble_posterior, shallow_view, transform_new_data
 from streamgp.utils.validation import (
+    check_inducing_points,
     check_no_known_noise,
     check_positive,
     check_targets,
@@ -173,12 +174,7 @@ class OnlineSGPR(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         )
         dim = train_X.shape[-1]
         if inducing_points is not None:
-            check_tensor(inducing_points, "inducing_points", like=train_X, min_dim=2, last_dim=dim)
-            if inducing_points.dim() != 2 or len(inducing_points) == 0:
-                raise ValueError(
-                    "inducing_points must have shape M x d with M >= 1, got "
-                    f"{tuple(inducing_points.shape)}."
-                )
+            check_inducing_points(inducing_points, train_X, dim)
         if num_inducing is not None and (not isinstance(num_inducing, int) or num_inducing < 1):
             raise ValueError(f"num_inducing must be a positive int, got {num_inducing!r}.")
         if inducing_selector is not None:

@@ -84,6 +84,7 @@ from streamgp.utils.optimization import PersistentOptimizerMixin
 from streamgp.utils.validation import (
     check_conditioning_data,
     check_count,
+    check_inducing_points,
     check_no_known_noise,
     check_targets,
     check_tensor,
@@ -294,12 +295,7 @@ class OnlineSVGP(StreamingModelMixin, PersistentOptimizerMixin, GPyTorchModel, G
         elif learn_inducing_locations is None:
             learn_inducing_locations = True
         if inducing_points is not None:
-            check_tensor(inducing_points, "inducing_points", like=train_X, min_dim=2, last_dim=dim)
-            if inducing_points.dim() != 2 or len(inducing_points) == 0:
-                raise ValueError(
-                    "inducing_points must have shape M x d with M >= 1, got "
-                    f"{tuple(inducing_points.shape)}."
-                )
+            check_inducing_points(inducing_points, train_X, dim)
         elif inducing_selector is None and (num_inducing < 1 or len(train_X) == 0):
             raise ValueError(
                 f"Cannot choose num_inducing={num_inducing} inducing points from "

@@ -85,7 +85,9 @@ from streamgp.models.frozen_transforms import (
 from streamgp.utils.validation import (
     check_conditioning_data,
     check_count,
+    check_inducing_points,
     check_no_known_noise,
+    check_positive_number,
     check_targets,
     check_tensor,
 )
@@ -315,19 +317,8 @@ class SoftKIGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         if inducing_points is not None:
             if num_inducing is not None:
                 raise ValueError("Pass either num_inducing or inducing_points, not both.")
-            check_tensor(inducing_points, "inducing_points", like=train_X, min_dim=2, last_dim=dim)
-            if inducing_points.dim() != 2 or len(inducing_points) == 0:
-                raise ValueError(
-                    "inducing_points must have shape m x d with m >= 1, got "
-                    f"{tuple(inducing_points.shape)}."
-                )
-        if temperature is not None and (
-            isinstance(temperature, bool)
-            or not isinstance(temperature, (int, float))
-            or not math.isfinite(temperature)
-            or temperature <= 0
-        ):
-            raise ValueError(f"temperature must be a positive number or None, got {temperature!r}.")
+            check_inducing_points(inducing_points, train_X, dim)
+        check_positive_number(temperature, "temperature", allow_none=True)
         if not isinstance(squared_distance, bool):
             raise TypeError(
                 f"squared_distance must be a bool, got {type(squared_distance).__name__}."

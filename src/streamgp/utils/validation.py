@@ -7,6 +7,8 @@ never modify their inputs, so callers validate everything before touching state.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from botorch.models.transforms.input import AffineInputTransform, ChainedInputTransform
 from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
@@ -220,3 +222,28 @@ def check_choice(value: object, name: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}.")
     return value
+
+
+def check_inducing_points(inducing_points: Tensor, like: Tensor, dim: int) -> Tensor:
+    r"""Check ``M x d`` inducing (or interpolation) points with ``M >= 1``; return them."""
+    check_tensor(inducing_points, "inducing_points", like=like, min_dim=2, last_dim=dim)
+    if inducing_points.dim() != 2 or len(inducing_points) == 0:
+        raise ValueError(
+            "inducing_points must have shape M x d with M >= 1, got "
+            f"{tuple(inducing_points.shape)}."
+        )
+    return inducing_points
+
+
+def check_positive_number(value: object, name: str, allow_none: bool = False) -> None:
+    r"""Raise ``ValueError`` naming ``name`` unless ``value`` is a finite number > 0."""
+    if value is None and allow_none:
+        return
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        suffix = " or None" if allow_none else ""
+        raise ValueError(f"{name} must be a positive number{suffix}, got {value!r}.")
