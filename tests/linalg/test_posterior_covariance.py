@@ -6,6 +6,7 @@ import pytest
 import torch
 from botorch.models.transforms import Standardize
 from gpytorch.kernels import RBFKernel, ScaleKernel
+from torch import Tensor
 
 from streamgp import WiskiGP
 from streamgp.linalg.posterior_covariance import PosteriorCovariance
@@ -69,3 +70,98 @@ def test_batch_reshapes_and_indexing_match_the_dense_matrix():
     torch.testing.assert_close(covar.sum(0).to_dense(), dense.sum(0))
     swapped = PosteriorCovariance((root.unsqueeze(0).expand(3, 2, 5, 7),)).permute(1, 0, 2, 3)
     torch.testing.assert_close(swapped.to_dense(), (root @ root.mT).unsqueeze(1).expand(2, 3, 5, 5))
+
+
+def _grid_model(X: Tensor, data_space_limit: int | None) -> WiskiGP:
+    Y = torch.sin(5 * X).sum(-1, keepdim=True)
+    model = WiskiGP(
+        X,
+        Y,
+        grid_size=12,
+        covar_module=ScaleKernel(RBFKernel()),
+        data_space_limit=data_space_limit,
+    )
+    model.covar_module.base_kernel.lengthscale = 0.3
+    model.likelihood.noise = 0.05
+    return model.eval()
+
+
+@pytest.mark.parametrize("data_space_limit", [0, None], ids=["grid", "data"])
+def test_cached_prediction_matrices_match_the_direct_route_and_survive_updates(
+    data_space_limit, monkeypatch
+):
+    """Variances and joint covariances from the cached Sigma_U (grid) or G (data space)
+    equal the route through the root / triangular solves, before and after observe."""
+    import streamgp.linalg.data_space as data_space
+    import streamgp.linalg.posterior_covariance as pc
+
+    torch.manual_seed(3)
+    X = torch.rand(30, 2, dtype=DTYPE)
+    model = _grid_model(X, data_space_limit)
+    posterior = model.exact_posterior()
+    expected_type = "GridPosterior" if data_space_limit == 0 else "DataPosterior"
+    assert type(posterior).__name__ == expected_type
+    Xs = torch.rand(400, 2, dtype=DTYPE)
+
+    # Without caches (a request never pays for one)...
+    monkeypatch.setattr(pc, "GATHER_COST_RATIO", 0.0)
+    monkeypatch.setattr(data_space, "MAX_CACHE_ENTRIES", 0)
+    direct_var = model.posterior(Xs).variance
+    direct_joint = model.posterior(Xs[:3]).covariance_matrix
+    assert posterior.cache.value is None
+    # ... and with them (built by the first large request).
+    monkeypatch.undo()
+    cached_var = model.posterior(Xs).variance
+    assert posterior.cache.value is not None
+    cached_joint = model.posterior(Xs[:3]).covariance_matrix
+    torch.testing.assert_close(cached_var, direct_var, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(cached_joint, direct_joint, rtol=1e-10, atol=1e-12)
+
+    # observe keeps the cache exact (an O(m^2 q) / O(m n q) update, not a rebuild).
+    X_new = torch.rand(5, 2, dtype=DTYPE)
+    Y_new = torch.sin(5 * X_new).sum(-1, keepdim=True)
+    model.observe(X_new, Y_new)
+    assert model.exact_posterior().cache.value is not None
+    model.love_grid_posterior()  # folds observations held as a correction
+    updated = model.exact_posterior()
+    assert updated.cache.value is not None
+    fresh = _grid_model(torch.cat([X, X_new]), data_space_limit)
+    monkeypatch.setattr(pc, "GATHER_COST_RATIO", 0.0)
+    monkeypatch.setattr(data_space, "MAX_CACHE_ENTRIES", 0)
+    torch.testing.assert_close(
+        model.posterior(Xs).variance, fresh.posterior(Xs).variance, rtol=1e-8, atol=1e-10
+    )
+    # Conditioning (fantasies) on top of a cached posterior.
+    cond = model.condition_on_observations(X_new[:2] * 0.9, Y_new[:2])
+    joint = cond.posterior(Xs[:4]).covariance_matrix
+    torch.testing.assert_close(
+        cond.posterior(Xs[:4]).variance.squeeze(-1), joint.diagonal(), rtol=1e-10, atol=1e-12
+    )
+
+
+def test_amortized_cache_builds_once_the_work_pays_for_it():
+    from streamgp.linalg.posterior_covariance import AmortizedCache
+
+    builds = []
+    cache = AmortizedCache()
+
+    def build():
+        builds.append(1)
+        return torch.ones(1)
+
+    assert cache.get(4.0, 10.0, build) is None
+    assert cache.get(5.0, 10.0, build) is None
+    assert cache.get(1.0, 10.0, build) is not None
+    assert cache.get(100.0, 10.0, build) is not None
+    assert len(builds) == 1
+
+
+def test_batched_matmul_of_interpolation_weights_equals_dense():
+    from streamgp.interpolation.grid import CubicGridInterpolation
+
+    interp = CubicGridInterpolation(torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=DTYPE), [8, 9])
+    W = interp.weights(torch.rand(3, 1, 6, 2, dtype=DTYPE))
+    rhs = torch.randn(4, interp.num_grid, 2, dtype=DTYPE)
+    dense = torch.zeros(3, 1, 6, interp.num_grid, dtype=DTYPE)
+    dense.scatter_add_(-1, W.indices, W.values)
+    torch.testing.assert_close(W.matmul(rhs), dense @ rhs)

@@ -55,9 +55,17 @@ class InterpolationWeights:
     def matmul(self, rhs: Tensor) -> Tensor:
         r"""``W @ rhs`` for a dense ``m x p`` matrix ``rhs`` shared by all batches.
 
-        Uses a sparse product, so memory is ``O(N p)`` rather than ``O(N k p)``.
+        Uses a sparse product, so memory is ``O(N p)`` rather than ``O(N k p)``. A
+        batched ``batch x m x p`` ``rhs`` (small ``p``) is gathered row by row instead.
         """
         k = self.indices.shape[-1]
+        if rhs.dim() > 2:
+            batch = torch.broadcast_shapes(self.batch_shape, rhs.shape[:-2])
+            p = rhs.shape[-1]
+            idx = self.indices.expand(*batch, self.num_rows, k).reshape(*batch, -1, 1)
+            rows = rhs.expand(*batch, *rhs.shape[-2:]).gather(-2, idx.expand(*idx.shape[:-1], p))
+            rows = rows.reshape(*batch, self.num_rows, k, p)
+            return (self.values.unsqueeze(-1).to(rhs.dtype) * rows).sum(-2)
         flat_idx = self.indices.reshape(-1, k)
         rows = torch.arange(flat_idx.shape[0], device=rhs.device).repeat_interleave(k)
         sparse = torch.sparse_coo_tensor(

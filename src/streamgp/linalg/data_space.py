@@ -23,13 +23,15 @@ grows past ``m`` (:class:`~streamgp.linalg.statistics.DataStatistics`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from streamgp.interpolation.grid import InterpolationWeights
 from streamgp.linalg.grid_kernel import GridKernelRoot, KernelFeatures
+from streamgp.linalg.posterior_covariance import MAX_CACHE_ENTRIES, AmortizedCache
 
 
 def _solve_lower(L: Tensor, rhs: Tensor) -> Tensor:
@@ -58,12 +60,37 @@ class DataPosterior:
         features: Kernel features of the ``n`` observed inputs.
         chol: ``n x n`` Cholesky factor ``L_B`` of ``K_SKI(X, X) + Lambda``.
         whitened: ``L_B^{-1} y`` (``n``).
+        cache: ``G = K_UU W^T L_B^{-T}`` (``m x n``), built by :meth:`grid_cross`
+            once the predictions it would have sped up have paid for it: with it a
+            point's whitened cross-covariance is ``G^T w_*``, a ``k``-row gather, instead
+            of an ``n x n`` triangular solve.
     """
 
     kernel_root: GridKernelRoot
     features: KernelFeatures
     chol: Tensor
     whitened: Tensor
+    cache: AmortizedCache = field(default_factory=AmortizedCache, compare=False, repr=False)
+
+    def grid_cross(self, rows: int, weights: InterpolationWeights | None) -> Tensor | None:
+        r"""``G = K_UU W^T L_B^{-T}`` (``m x n``) if cached, or built now that predictions
+        at ``rows`` more points (each an ``O(n^2)`` solve without it) add up to its
+        ``O(n^2 m)`` cost. None for batched or graph-carrying factors, weights that
+        are not sparse grid rows, or ``m n`` above ``MAX_CACHE_ENTRIES``."""
+        n, m = self.chol.shape[-1], self.kernel_root.num_grid
+        if (
+            not isinstance(weights, InterpolationWeights)
+            or self.chol.dim() != 2
+            or self.chol.requires_grad
+            or m * n > MAX_CACHE_ENTRIES
+        ):
+            return None
+        return self.cache.get(rows * n * n, build_cost=n * n * m, build=self._build_grid_cross)
+
+    def _build_grid_cross(self) -> Tensor:
+        # K_UU W^T = L_K Phi^T with Phi = W L_K (the rows' features, densified).
+        K_Wt = self.kernel_root.matmul(self.features.to_dense().mT)  # m x n
+        return _solve_lower(self.chol, K_Wt.mT).mT.contiguous()
 
     @staticmethod
     def build(
@@ -99,7 +126,15 @@ class DataPosterior:
                 for a, b in zip(self.features.factors, new.factors, strict=True)
             )
         )
-        return DataPosterior(self.kernel_root, features, chol, torch.cat([self.whitened, z_q]))
+        cache = AmortizedCache()
+        G = self.cache.value
+        if G is not None:  # its q new columns: (K_UU W_q^T - G U) L_qq^{-T}, O(m n q)
+            K_Wq = self.kernel_root.matmul(new.to_dense().mT)
+            G_q = _solve_lower(L_qq, (K_Wq - G @ U).mT).mT
+            cache = AmortizedCache(torch.cat([G, G_q], dim=-1))
+        return DataPosterior(
+            self.kernel_root, features, chol, torch.cat([self.whitened, z_q]), cache
+        )
 
     def predict(self, weights: InterpolationWeights) -> tuple[Tensor, Tensor, KernelFeatures]:
         r"""Mean at ``batch x t`` points, their whitened cross-covariance and their features.
@@ -109,7 +144,12 @@ class DataPosterior:
             the points' features: the covariance is ``K_SKI(X_*, X_*) - U^T U``.
         """
         features = self.kernel_root.features(weights)
-        U = self.whiten(features)
+        rows = math.prod(weights.batch_shape) * weights.num_rows
+        G = self.grid_cross(rows, weights)
+        if G is None:
+            U = self.whiten(features)
+        else:
+            U = weights.matmul(G).mT
         mean = (U.mT @ self.whitened.unsqueeze(-1)).squeeze(-1)
         return mean, U, features
 

@@ -234,6 +234,13 @@ class KernelFeatures:
             out = block if out is None else out * block
         return out
 
+    def to_dense(self) -> Tensor:
+        r"""The rows as one dense ``batch x N x m`` matrix (row-wise Kronecker product)."""
+        out = self.factors[0]
+        for a in self.factors[1:]:
+            out = (out.unsqueeze(-1) * a.unsqueeze(-2)).flatten(-2)
+        return out
+
 
 def is_separable(covar_module: Kernel) -> bool:
     r"""True when ``K_UU`` of ``covar_module`` is a Kronecker product (RBF, scaled RBF)."""

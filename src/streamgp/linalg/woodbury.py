@@ -28,13 +28,18 @@ Two ways to absorb a batch of ``q`` observations (hyperparameters fixed):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from streamgp.interpolation.grid import InterpolationWeights
 from streamgp.linalg.grid_kernel import GridKernelRoot
+from streamgp.linalg.posterior_covariance import (
+    MAX_CACHE_ENTRIES,
+    AmortizedCache,
+    InterpolatedRoot,
+)
 
 
 @dataclass(frozen=True)
@@ -44,10 +49,42 @@ class GridPosterior:
     Attributes:
         root: ``m x m`` root ``R`` of the posterior covariance of the grid values.
         mean: ``m`` posterior mean ``alpha`` of the grid values.
+        cache: ``Sigma_U = R R^T`` itself, built by :meth:`grid_covariance` once the
+            variance requests it would have sped up have paid for it.
     """
 
     root: Tensor
     mean: Tensor
+    cache: AmortizedCache = field(default_factory=AmortizedCache, compare=False, repr=False)
+
+    def grid_covariance(self, work: float) -> Tensor | None:
+        r"""``Sigma_U = R R^T`` if cached, or built now that requests costing ``work``
+        (dense multiply-adds) more have added up to its ``O(m^2 r)`` cost.
+
+        Only for full-rank, unbatched roots without a graph and with ``m^2`` within
+        :data:`~streamgp.linalg.posterior_covariance.MAX_CACHE_ENTRIES`; a low-rank
+        (LOVE) root's own products are already cheaper than the ``m x m`` matrix.
+        """
+        R = self.root
+        m, r = R.shape[-2:]
+        if R.dim() != 2 or r < m or R.requires_grad or m * m > MAX_CACHE_ENTRIES:
+            return None
+        return self.cache.get(work, build_cost=m * m * r, build=lambda: R @ R.mT)
+
+    def interpolated_root(self, weights: InterpolationWeights) -> InterpolatedRoot:
+        r"""The lazy factor ``W_* R`` of the covariance at the rows ``weights``."""
+        cached = self.grid_covariance if isinstance(weights, InterpolationWeights) else None
+        return InterpolatedRoot(weights, self.root, cached)
+
+    def downdated(self, root: Tensor, mean: Tensor, G: Tensor, S: Tensor | None) -> GridPosterior:
+        r"""A posterior with ``root`` and ``mean`` whose covariance is
+        ``R R^T - G S^{-1} G^T`` (``S = I`` when None), keeping a cached ``Sigma_U``
+        up to date in ``O(m^2 q)`` instead of dropping it."""
+        sigma = self.cache.value
+        if sigma is None:
+            return GridPosterior(root=root, mean=mean)
+        H = G if S is None else torch.linalg.solve(S, G.mT).mT
+        return GridPosterior(root=root, mean=mean, cache=AmortizedCache(sigma - H @ G.mT))
 
 
 def _matrix_C(L_K: GridKernelRoot, A: Tensor, precision: Tensor | None = None) -> Tensor:
@@ -175,7 +212,7 @@ def update_root(
     shrink = 1.0 - torch.rsqrt(1.0 + sigma * sigma)
     # One fused pass over the m x m root (a rank-q update is memory-bound).
     new_root = torch.addmm(R, (R @ P) * shrink, P.mT, alpha=-1.0)
-    return GridPosterior(root=new_root, mean=new_mean)
+    return posterior.downdated(new_root, new_mean, R @ U_t.mT, S)
 
 
 def fold_low_rank(posterior: GridPosterior, V: Tensor, gamma: Tensor) -> GridPosterior:
@@ -189,7 +226,7 @@ def fold_low_rank(posterior: GridPosterior, V: Tensor, gamma: Tensor) -> GridPos
     P, sigma, _ = torch.linalg.svd(V, full_matrices=False)
     shrink = 1.0 - torch.sqrt((1.0 - sigma * sigma).clamp_min(0.0))
     new_root = R - ((R @ P) * shrink) @ P.mT
-    return GridPosterior(root=new_root, mean=alpha + R @ (V @ gamma))
+    return posterior.downdated(new_root, alpha + R @ (V @ gamma), R @ V, None)
 
 
 @dataclass(frozen=True)
@@ -259,14 +296,15 @@ class LowRankCorrection:
         Returns:
             ``mean`` (``sample x batch x t``), ``positive = (U_*,)`` and
             ``negative = (U_* V,)`` (empty without conditioning), with
-            ``U_* = W_* R``: the covariance is ``U_* U_*^T - (U_* V)(U_* V)^T``
+            ``U_* = W_* R`` (an :class:`InterpolatedRoot`, formed only if needed):
+            the covariance is ``U_* U_*^T - (U_* V)(U_* V)^T``
             (see :class:`~streamgp.linalg.posterior_covariance.PosteriorCovariance`).
         """
-        U_star = W_star.matmul(posterior.root)  # batch x t x m, rows R^T w_*
+        U_star = posterior.interpolated_root(W_star)  # batch x t x m, rows R^T w_*, lazy
         mean = W_star.dot(posterior.mean)
         if self.rank == 0:
             return mean, (U_star,), ()
-        UV = U_star @ self.V  # batch x t x Q
+        UV = W_star.matmul(posterior.root @ self.V)  # batch x t x Q
         mean = mean + (UV @ self.gamma.unsqueeze(-1)).squeeze(-1)
         return mean, (U_star,), (UV,)
 
@@ -280,7 +318,7 @@ class LowRankCorrection:
             ``batch x t x t`` (without sample dims; broadcast by the caller).
         """
         mean, (U_star,), negative = self.predict_factors(posterior, W_star)
-        covar = U_star @ U_star.mT
+        covar = U_star.gram()
         for N in negative:
             covar = covar - N @ N.mT
         return mean, covar
