@@ -6,7 +6,11 @@ import pytest
 import torch
 from linear_operator.utils.errors import NanError
 
-from streamgp.linalg.grid_kernel import DegenerateKernelError, cholesky_with_jitter
+from streamgp.linalg.grid_kernel import (
+    DegenerateKernelError,
+    GridKernelRoot,
+    cholesky_with_jitter,
+)
 
 DT = torch.float64
 
@@ -35,3 +39,41 @@ def test_indefinite_matrix_still_raises_linalg_error():
     K = torch.tensor([[1.0, 2.0], [2.0, 1.0]], dtype=DT)
     with pytest.raises(torch.linalg.LinAlgError, match="not positive definite"):
         cholesky_with_jitter(K)
+
+
+def test_congruence_gradients_equal_the_dense_ones_for_symmetric_use():
+    """Differentiating one occurrence of L (doubled) equals differentiating both,
+    for any function of the symmetric result; a learned A keeps both occurrences."""
+    torch.manual_seed(0)
+    sizes = (3, 4)
+    factors = [
+        torch.tril(torch.randn(g, g, dtype=torch.float64)) + 3 * torch.eye(g, dtype=torch.float64)
+        for g in sizes
+    ]
+    m = 12
+    B = torch.randn(m, m, dtype=torch.float64)
+    A = B @ B.mT
+    S = torch.randn(m, m, dtype=torch.float64)
+    S = S + S.mT
+    scale = torch.tensor(0.7, dtype=torch.float64)
+
+    def use(C):  # a log-determinant plus a symmetric linear functional
+        eye = torch.eye(m, dtype=torch.float64)
+        return torch.logdet(eye + C) + (S * C).sum()
+
+    for learned_A in (False, True):
+        leaves = [f.clone().requires_grad_(True) for f in factors]
+        s = scale.clone().requires_grad_(True)
+        A_in = A.clone().requires_grad_(learned_A)
+        fast = use(GridKernelRoot(tuple(leaves)).congruence(A_in, scale=s))
+        grads = torch.autograd.grad(fast, [*leaves, s] + ([A_in] if learned_A else []))
+
+        dense_leaves = [f.clone().requires_grad_(True) for f in factors]
+        ds = scale.clone().requires_grad_(True)
+        A_d = A.clone().requires_grad_(learned_A)
+        L = torch.kron(dense_leaves[0], dense_leaves[1])
+        dense = use(ds * L.mT @ A_d @ L)
+        expected = torch.autograd.grad(dense, [*dense_leaves, ds] + ([A_d] if learned_A else []))
+        torch.testing.assert_close(fast, dense)
+        for a, b in zip(grads, expected, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)

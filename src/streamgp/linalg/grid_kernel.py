@@ -156,13 +156,28 @@ class GridKernelRoot:
         r"""``L^T @ rhs`` for ``rhs`` of shape ``m`` or ``m x p``."""
         return self._apply([f.mT for f in self.factors], rhs)
 
-    def congruence(self, A: Tensor) -> Tensor:
-        r"""``L^T A L`` for a symmetric ``m x m`` ``A``, in ``O(m^2 sum_i g_i)``.
+    def congruence(self, A: Tensor, scale: Tensor | None = None) -> Tensor:
+        r"""``scale * L^T A L`` for a symmetric ``m x m`` ``A``, in ``O(m^2 sum_i g_i)``.
 
         Two passes of :meth:`t_matmul`: ``L^T A``, then ``L^T (L^T A)^T`` (``A`` is
-        symmetric). Autograd differentiates through both with the same structure.
+        symmetric). For a constant ``A`` (statistics), gradients with respect to the
+        factors and ``scale`` assume the result is used symmetrically (the gradient
+        arriving at it is symmetric, as for any function of a symmetric matrix such
+        as a log-determinant): the two occurrences of ``L`` then contribute equally,
+        so only the second is differentiated, with doubled factors ``2 L_i - L_i``
+        (the same values), which halves the backward pass.
         """
-        return self.t_matmul(self.t_matmul(A).mT)
+        factors = list(self.factors)
+        if A.requires_grad:  # e.g. learned interpolation weights: differentiate both sides
+            first = self.t_matmul(A).mT
+        else:
+            with torch.no_grad():
+                first = self.t_matmul(A).mT
+            if torch.is_grad_enabled() and any(f.requires_grad for f in factors):
+                factors = [2 * f - f.detach() for f in factors]
+        if scale is not None:  # on the small first factor, not on an m x m product
+            factors[0] = scale * factors[0]
+        return GridKernelRoot(tuple(factors)).t_matmul(first.contiguous())
 
     def kernel_trace(self) -> Tensor:
         r"""``tr(L L^T) = prod_i |L_i|_F^2``, without forming ``L``."""

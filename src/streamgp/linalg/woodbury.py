@@ -94,9 +94,7 @@ def _matrix_C(L_K: GridKernelRoot, A: Tensor, precision: Tensor | None = None) -
     structured product instead of ``A``, so a gradient with respect to the noise is one
     inner product rather than another ``m x m`` congruence in the backward pass.
     """
-    C = L_K.congruence(A)
-    if precision is not None:
-        C = precision * C
+    C = L_K.congruence(A, scale=precision)
     C.diagonal(dim1=-2, dim2=-1).add_(1.0)  # in place: one pass fewer over m x m
     return C
 
@@ -129,7 +127,10 @@ class _LogdetPlusQuad(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             # In place on the fresh inverse: each m x m pass here is a fair share of the cost.
             grad_C = torch.cholesky_inverse(L_C)
-            grad_C.sub_(ctx.sign * u.unsqueeze(-1) * u.unsqueeze(-2))
+            if u.dim() == 1:
+                grad_C.addr_(u, u, alpha=-ctx.sign)  # one pass, no u u^T temporary
+            else:
+                grad_C.sub_(ctx.sign * u.unsqueeze(-1) * u.unsqueeze(-2))
             grad_C.mul_(grad[..., None, None])
         if ctx.needs_input_grad[1]:
             grad_z = 2.0 * ctx.sign * grad.unsqueeze(-1) * u
