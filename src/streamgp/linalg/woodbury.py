@@ -226,7 +226,7 @@ def fold_low_rank(posterior: GridPosterior, V: Tensor, gamma: Tensor) -> GridPos
     R, alpha = posterior.root, posterior.mean
     P, sigma, _ = torch.linalg.svd(V, full_matrices=False)
     shrink = 1.0 - torch.sqrt((1.0 - sigma * sigma).clamp_min(0.0))
-    new_root = R - ((R @ P) * shrink) @ P.mT
+    new_root = torch.addmm(R, (R @ P) * shrink, P.mT, alpha=-1.0)  # one fused pass
     return posterior.downdated(new_root, alpha + R @ (V @ gamma), R @ V, None)
 
 
