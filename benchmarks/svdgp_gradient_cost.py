@@ -51,7 +51,7 @@ def build(m_alpha: int, tkwargs: dict) -> tuple[DecoupledSVGP, torch.Tensor, tor
         covar_basis=torch.rand(M_BETA, D, **tkwargs),
         max_mean_basis=m_alpha,
         max_covar_basis=M_BETA,
-        learn_basis_locations=True,
+        learn_inducing_points=True,
         num_init_steps=0,
         warm_start=False,
     )

@@ -365,8 +365,13 @@ def _stream(args: argparse.Namespace) -> None:
     from pathlib import Path
 
     from streamgp import datasets
-    from streamgp.loops.experiments import StreamSplits, run_stream_experiment
-    from streamgp.loops.stream import CLASSIFICATION_MODELS, StreamConfig, summarize_stream
+    from streamgp.loops.stream import (
+        CLASSIFICATION_MODELS,
+        StreamConfig,
+        StreamSplits,
+        run_stream_experiment,
+        summarize_stream,
+    )
 
     prefix = "streamgp stream: error:"
     try:

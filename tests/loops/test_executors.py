@@ -133,14 +133,6 @@ def stream_reference(out):
     )
 
 
-def test_stream_tasks_give_the_original_runner_results(tmp_path, one_thread):
-    original = run_stream_experiment(synthetic_split, out=tmp_path / "a", **STREAM)
-    tasks = stream_reference(tmp_path / "b")  # the task path, in this process
-    pd.testing.assert_frame_equal(numbers(original), numbers(tasks))
-    written = [pd.read_csv(tmp_path / run / "stream_synthetic.csv") for run in "ab"]
-    pd.testing.assert_frame_equal(numbers(written[0]), numbers(written[1]))
-
-
 def test_missing_dask_names_the_extra(monkeypatch, capsys):
     from streamgp.cli import main
 

@@ -503,9 +503,10 @@ def test_docstring_examples_run():
     import doctest
 
     from streamgp.loops import stream
+    from streamgp.loops.stream import config, metrics, results, runner
     from streamgp.models import projection
 
-    for module in (stream, projection):
+    for module in (stream, config, metrics, results, runner, projection):
         assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0
 
 

@@ -20,7 +20,7 @@ from botorch.optim import optimize_acqf
 from botorch.optim.closures import get_loss_closure
 from botorch.sampling import SobolQMCNormalSampler
 from gpytorch.mlls import ExactMarginalLogLikelihood, SumMarginalLogLikelihood
-from oracles_sgpr import rel_err, titsias
+from oracles.sgpr import rel_err, titsias
 
 from streamgp.interpolation.grid import GridExtrapolationWarning
 from streamgp.models import (

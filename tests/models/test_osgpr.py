@@ -13,7 +13,7 @@ from botorch.optim import optimize_acqf
 from botorch.sampling import SobolQMCNormalSampler
 from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
 from gpytorch.likelihoods import GaussianLikelihood
-from oracles_sgpr import DenseQuModel, bui_bound, rel_err, titsias
+from oracles.sgpr import DenseQuModel, bui_bound, rel_err, titsias
 
 from streamgp.inducing import InducingPointSelector, OnlineInducingPointSelector
 from streamgp.mlls import OnlineSGPRBound

@@ -12,7 +12,7 @@ from botorch.sampling import SobolQMCNormalSampler
 from gpytorch.kernels import RBFKernel, ScaleKernel
 from gpytorch.likelihoods import BernoulliLikelihood, GaussianLikelihood
 from gpytorch.means import ConstantMean
-from oracles_variational import (
+from oracles.variational import (
     collapsed_bound,
     pseudo_point_conditioning,
     svgp_predictive,
@@ -69,7 +69,7 @@ def _fixed_model(X, Y, Z, *, beta=1.0, lbfgs_iters=0, **kwargs) -> OnlineSVGP:
         likelihood=likelihood,
         mean_module=mean,
         beta=beta,
-        learn_inducing_locations=False,
+        learn_inducing_points=False,
         # Tiny jitter: the oracles have none (K_zz is well conditioned here).
         jitter=1e-10,
         **options,

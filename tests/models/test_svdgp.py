@@ -22,7 +22,7 @@ from gpytorch.means import ConstantMean
 from gpytorch.mlls import ExactMarginalLogLikelihood, VariationalELBO
 from gpytorch.models import ApproximateGP
 from gpytorch.variational import CholeskyVariationalDistribution, UnwhitenedVariationalStrategy
-from oracles_svdgp import svgp_elbo, svgp_parameters_from_decoupled
+from oracles.svdgp import svgp_elbo, svgp_parameters_from_decoupled
 
 from streamgp.linalg.decoupled import (
     decoupled_covariance,
@@ -61,7 +61,7 @@ def _fixed_hyperparameters_model(X, Y, Z, **kwargs) -> DecoupledSVGP:
         likelihood=likelihood,
         num_init_steps=0,
         warm_start=False,
-        learn_basis_locations=True,
+        learn_inducing_points=True,
         **kwargs,
     )
     gen = torch.Generator().manual_seed(1)

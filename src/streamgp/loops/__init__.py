@@ -10,14 +10,12 @@ from streamgp.loops.executors import (
     SequentialExecutor,
     make_executor,
 )
-
-# The executor-aware runner; with no executor it is stream.run_stream_experiment itself.
-from streamgp.loops.experiments import run_stream_experiment
 from streamgp.loops.stream import (
     STREAM_MODELS,
     StreamConfig,
     StreamingLoop,
     dirichlet_targets,
+    run_stream_experiment,
 )
 from streamgp.loops.surrogates import (
     SURROGATES,

@@ -2,11 +2,12 @@ r"""Executors that run the tasks of an experiment grid: in process, in local pro
 
 The experiment runners (:func:`~streamgp.loops.experiments.run_bo_experiment`,
 :func:`~streamgp.loops.experiments.run_active_experiment`,
-:func:`~streamgp.loops.experiments.run_stream_experiment`) split a grid into one task per
-(model, trial[, acquisition]). Each task builds its loop, resumes from its checkpoint when
-one exists, runs, saves its checkpoint and returns its curve; the runner then merges the
-curves in grid order, so the CSV and figures do not depend on where or in which order the
-tasks ran. An executor only decides *where* the tasks run:
+:func:`~streamgp.loops.stream.run_stream_experiment`) split a grid into one task per
+(model, trial[, acquisition]): a :class:`GridTask`, run by :func:`run_grid`. Each task
+builds its loop, resumes from its checkpoint when one exists, runs, saves its checkpoint
+and returns its curve; the runner then merges the curves in grid order, so the CSV and
+figures do not depend on where or in which order the tasks ran. An executor only
+decides *where* the tasks run:
 
 - :class:`SequentialExecutor` (the default): one after the other in this process.
 - :class:`ProcessExecutor`: a pool of local processes (standard library only).
@@ -34,7 +35,12 @@ import multiprocessing
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 logger = logging.getLogger(__name__)
 
@@ -457,14 +463,90 @@ def make_executor(
     return SequentialExecutor(torch_threads)
 
 
+# ---------------------------------------------------------------------- grids of runs
+@dataclass(frozen=True)
+class GridTask:
+    r"""One run of an experiment grid (picklable, so it can run in another process).
+
+    Attributes:
+        name: The run's name (its checkpoint's stem), e.g. ``bo_levy_qucb_wiski_0``.
+        build: Module-level callable returning the loop, called with ``options``.
+        options: Keyword arguments of ``build``.
+        steps: Steps to run (``None``: the loop's default).
+        labels: Columns added to the curve (``model``, ``trial``, ...).
+        checkpoint: Checkpoint file (``None``: no checkpoint, a rerun starts afresh).
+        checkpoint_every: Steps between checkpoints (``None``: the loop's ``eval_every``).
+        progress: Show the loop's progress bar.
+        keep_chosen: Also return the loop's chosen pool indices (active learning).
+    """
+
+    name: str
+    build: Callable[..., Any]
+    options: dict[str, Any]
+    steps: int | None
+    labels: dict[str, Any]
+    checkpoint: Path | None = None
+    checkpoint_every: int | None = 10
+    progress: bool = False
+    keep_chosen: bool = False
+
+
+def run_grid_task(task: GridTask) -> tuple[pd.DataFrame, list[int] | None]:
+    r"""Run one task: build the loop, resume from its checkpoint if present, run, save.
+
+    Returns:
+        The curve (the loop's history with ``task.labels`` as columns) and, with
+        ``task.keep_chosen``, the loop's chosen pool indices.
+    """
+    loop = task.build(**task.options)
+    if task.checkpoint is not None and task.checkpoint.exists():
+        loop.load(task.checkpoint)
+        logger.info("%s: resuming from step %d", task.name, len(loop.history) - 1)
+    every = task.checkpoint_every or max(getattr(loop, "eval_every", 1), 1)
+    run_args = () if task.steps is None else (task.steps,)
+    history = loop.run(
+        *run_args, checkpoint=task.checkpoint, checkpoint_every=every, progress=task.progress
+    )
+    chosen = list(loop.chosen) if task.keep_chosen else None
+    return history.assign(**task.labels), chosen
+
+
+def run_grid(
+    tasks: Sequence[GridTask],
+    executor: Executor | Any | None = None,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+) -> list[tuple[pd.DataFrame, list[int] | None]]:
+    r"""Run ``tasks`` on ``executor`` and return their results in the order of ``tasks``.
+
+    Without ``resume`` the tasks' checkpoints are deleted first (a fresh experiment), so
+    that a task that runs again after its worker died resumes only from its own
+    checkpoint. In-process executors show each task's progress bar; the others one bar
+    over the tasks.
+    """
+    executor = as_executor(executor)
+    if not resume:
+        for task in tasks:
+            if task.checkpoint is not None:
+                task.checkpoint.unlink(missing_ok=True)
+    if not executor.in_process:
+        tasks = [replace(task, progress=False) for task in tasks]
+    names = [task.name for task in tasks]
+    return executor.map(run_grid_task, tasks, names=names, progress=progress)
+
+
 __all__ = [
     "CLUSTER_EXTRA",
     "DaskExecutor",
     "Executor",
+    "GridTask",
     "ProcessExecutor",
     "SequentialExecutor",
     "as_executor",
     "import_distributed",
     "make_executor",
+    "run_grid",
+    "run_grid_task",
     "set_torch_threads",
 ]

@@ -16,9 +16,7 @@ resumes from the checkpoint it wrote itself.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +26,14 @@ from gpytorch.kernels import MaternKernel, ScaleKernel
 from gpytorch.priors import GammaPrior
 from torch import Tensor
 
-from streamgp.loops import stream
 from streamgp.loops.acquisition import AcquisitionOptions
 from streamgp.loops.active import ActiveLearningLoop
 from streamgp.loops.bo import BayesOptLoop, make_test_function
-from streamgp.loops.executors import Executor, SequentialExecutor, as_executor
-from streamgp.loops.stream import StreamConfig, StreamingLoop
+from streamgp.loops.executors import Executor, GridTask, run_grid, run_grid_task
 
-logger = logging.getLogger(__name__)
+# The streaming runner lives with its protocol (streamgp.loops.stream); it is named here
+# too, as the runner behind ``streamgp stream``.
+from streamgp.loops.stream import StreamSplits, run_stream_experiment
 
 
 def malaria_kernel(dim: int) -> ScaleKernel:
@@ -61,78 +59,6 @@ def malaria_pool_and_test(full: bool = False, seed: int = 0):
     split = int(0.9 * len(data.X))
     pool, test = order[:split], order[split:]
     return data.X[pool], data.Y[pool], data.Yvar[pool], data.X[test], data.Y[test]
-
-
-@dataclass(frozen=True)
-class GridTask:
-    r"""One run of an experiment grid (picklable, so it can run in another process).
-
-    Attributes:
-        name: The run's name (its checkpoint's stem), e.g. ``bo_levy_qucb_wiski_0``.
-        build: Module-level callable returning the loop, called with ``options``.
-        options: Keyword arguments of ``build``.
-        steps: Steps to run (``None``: the loop's default).
-        labels: Columns added to the curve (``model``, ``trial``, ...).
-        checkpoint: Checkpoint file (``None``: no checkpoint, a rerun starts afresh).
-        checkpoint_every: Steps between checkpoints (``None``: the loop's ``eval_every``).
-        progress: Show the loop's progress bar.
-        keep_chosen: Also return the loop's chosen pool indices (active learning).
-    """
-
-    name: str
-    build: Callable[..., Any]
-    options: dict[str, Any]
-    steps: int | None
-    labels: dict[str, Any]
-    checkpoint: Path | None = None
-    checkpoint_every: int | None = 10
-    progress: bool = False
-    keep_chosen: bool = False
-
-
-def run_grid_task(task: GridTask) -> tuple[pd.DataFrame, list[int] | None]:
-    r"""Run one task: build the loop, resume from its checkpoint if present, run, save.
-
-    Returns:
-        The curve (the loop's history with ``task.labels`` as columns) and, with
-        ``task.keep_chosen``, the loop's chosen pool indices.
-    """
-    loop = task.build(**task.options)
-    if task.checkpoint is not None and task.checkpoint.exists():
-        loop.load(task.checkpoint)
-        logger.info("%s: resuming from step %d", task.name, len(loop.history) - 1)
-    every = task.checkpoint_every or max(getattr(loop, "eval_every", 1), 1)
-    run_args = () if task.steps is None else (task.steps,)
-    history = loop.run(
-        *run_args, checkpoint=task.checkpoint, checkpoint_every=every, progress=task.progress
-    )
-    chosen = list(loop.chosen) if task.keep_chosen else None
-    return history.assign(**task.labels), chosen
-
-
-def run_grid(
-    tasks: Sequence[GridTask],
-    executor: Executor | Any | None = None,
-    *,
-    resume: bool = False,
-    progress: bool = True,
-) -> list[tuple[pd.DataFrame, list[int] | None]]:
-    r"""Run ``tasks`` on ``executor`` and return their results in the order of ``tasks``.
-
-    Without ``resume`` the tasks' checkpoints are deleted first (a fresh experiment), so
-    that a task that runs again after its worker died resumes only from its own
-    checkpoint. In-process executors show each task's progress bar; the others one bar
-    over the tasks.
-    """
-    executor = as_executor(executor)
-    if not resume:
-        for task in tasks:
-            if task.checkpoint is not None:
-                task.checkpoint.unlink(missing_ok=True)
-    if not executor.in_process:
-        tasks = [replace(task, progress=False) for task in tasks]
-    names = [task.name for task in tasks]
-    return executor.map(run_grid_task, tasks, names=names, progress=progress)
 
 
 def _bo_loop(function: str, dim: int, noise_std: float | None, **options) -> BayesOptLoop:
@@ -324,146 +250,6 @@ def run_active_experiment(
 
             plot_active(results, out / f"{name}.png", title=name)
             plot_queries(test_X.cpu(), pool_X.cpu(), chosen, num_init, out / f"{name}_queries.png")
-    return results
-
-
-@dataclass(frozen=True)
-class StreamSplits:
-    r"""Picklable ``seed -> StreamingSplit`` of a registered dataset (for other processes).
-
-    Each task loads its split where it runs, so workers need the dataset file
-    (``data_dir``, ``$STREAMGP_DATA`` or the cache) on their machine.
-
-    Example:
-        >>> splits = StreamSplits("powerplant")
-        >>> split = splits(0)  # doctest: +SKIP
-    """
-
-    dataset: str
-    data_dir: str | None = None
-
-    def __call__(self, seed: int):
-        from streamgp.datasets import load_streaming_split
-
-        return load_streaming_split(self.dataset, seed, self.data_dir)
-
-
-#: The last split built by :func:`_stream_loop` in this process: the models of a trial
-#: share it when their tasks run in the same process (e.g. sequentially).
-_LAST_SPLIT: dict[str, Any] = {}
-
-
-def _stream_loop(split_factory, trial: int, model: str, **options) -> StreamingLoop:
-    key = (split_factory, trial)
-    try:
-        hit = _LAST_SPLIT.get("key") == key
-    except TypeError:  # an unhashable / uncomparable factory
-        hit = False
-    if not hit:
-        _LAST_SPLIT.clear()
-        _LAST_SPLIT.update(key=key, split=split_factory(trial))
-    return StreamingLoop(_LAST_SPLIT["split"], model, seed=trial, **options)
-
-
-def run_stream_experiment(
-    split_factory: Callable[[int], Any],
-    *,
-    name: str,
-    models: Sequence[str] = ("wiski", "exact"),
-    trials: int = 1,
-    first_trial: int = 0,
-    batch_size: int = 1,
-    num_evals: int = 50,
-    max_stream: int | None = None,
-    config: StreamConfig | None = None,
-    out: str | Path | None = None,
-    resume: bool = False,
-    progress: bool = True,
-    plots: bool = True,
-    dtype: torch.dtype = torch.float64,
-    device: str = "cpu",
-    executor: Executor | Any | None = None,
-) -> pd.DataFrame:
-    r"""The streaming protocol for several models and trials, on an ``executor``.
-
-    As :func:`streamgp.loops.stream.run_stream_experiment` (same arguments, files and
-    results: ``stream_<name>.csv``, the PNG, checkpoints
-    ``checkpoints/stream_<name>_<model>_<trial>.pt`` written every ``eval_every`` steps),
-    which it calls when ``executor`` is ``None`` (or a ``SequentialExecutor()``);
-    otherwise one task per (model, trial). Each task calls ``split_factory(trial)``
-    where it runs: for other processes it must be picklable (e.g. :class:`StreamSplits`;
-    Dask also accepts lambdas).
-
-    Args:
-        executor: As :func:`run_bo_experiment`.
-        Other arguments: as :func:`streamgp.loops.stream.run_stream_experiment`.
-
-    Example:
-        >>> from streamgp.loops.executors import DaskExecutor
-        >>> with DaskExecutor(workers=4) as executor:  # doctest: +SKIP
-        ...     run_stream_experiment(StreamSplits("powerplant"), name="powerplant",
-        ...                           trials=5, out="results", executor=executor)
-    """
-    from streamgp.utils.validation import check_count
-
-    executor = as_executor(executor)
-    if isinstance(executor, SequentialExecutor) and executor.torch_threads is None:
-        return stream.run_stream_experiment(
-            split_factory,
-            name=name,
-            models=models,
-            trials=trials,
-            first_trial=first_trial,
-            batch_size=batch_size,
-            num_evals=num_evals,
-            max_stream=max_stream,
-            config=config,
-            out=out,
-            resume=resume,
-            progress=progress,
-            plots=plots,
-            dtype=dtype,
-            device=device,
-        )
-    check_count(trials, "trials", minimum=1)
-    check_count(first_trial, "first_trial")
-    out = None if out is None else Path(out)
-    tasks = []
-    for trial in range(first_trial, first_trial + trials):
-        for model in models:
-            run = f"stream_{name}_{model}_{trial}"
-            options = dict(
-                split_factory=split_factory,
-                trial=trial,
-                model=model,
-                batch_size=batch_size,
-                num_evals=num_evals,
-                max_stream=max_stream,
-                config=config,
-                device=device,
-                dtype=dtype,
-            )
-            tasks.append(
-                GridTask(
-                    name=run,
-                    build=_stream_loop,
-                    options=options,
-                    steps=None,
-                    labels={"model": model, "trial": trial, "dataset": name},
-                    checkpoint=None if out is None else out / "checkpoints" / f"{run}.pt",
-                    checkpoint_every=None,
-                    progress=progress,
-                )
-            )
-    outputs = run_grid(tasks, executor, resume=resume, progress=progress)
-    results = pd.concat([frame for frame, _ in outputs], ignore_index=True)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        results.to_csv(out / f"stream_{name}.csv", index=False)
-        if plots:
-            from streamgp.plotting import plot_stream
-
-            plot_stream(results, out / f"stream_{name}.png", title=name)
     return results
 
 

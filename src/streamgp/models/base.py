@@ -29,6 +29,7 @@ from botorch.utils.datasets import SupervisedDataset
 from torch import Tensor
 
 from streamgp.mlls.objective import per_datum_objective
+from streamgp.models.utils.posterior import PosteriorMixin
 
 
 def construct_inputs_with_options(
@@ -43,13 +44,14 @@ def construct_inputs_with_options(
     return {**Model.construct_inputs.__func__(cls, training_data), **options}
 
 
-class StreamingModelMixin:
-    r"""Fitting and warm-start plumbing shared by streamgp's models.
+class StreamingModelMixin(PosteriorMixin):
+    r"""Fitting, warm-start and posterior plumbing shared by streamgp's models.
 
     A model lists it before its BoTorch base classes and gpytorch's ``GP`` (which
     gpytorch's marginal likelihoods require of their ``model``), sets
     :attr:`data_state_prefixes` (the ``state_dict`` keys that hold data rather than
-    hyperparameters) and implements :meth:`fit_objective`.
+    hyperparameters), implements :meth:`fit_objective` and the hooks of
+    :class:`~streamgp.models.utils.posterior.PosteriorMixin` (``posterior``).
     """
 
     #: ``state_dict`` key prefixes that belong to the data (summaries of the

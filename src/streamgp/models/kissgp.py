@@ -62,6 +62,15 @@ fantasy samples.
 Transforms, as in :class:`~streamgp.models.WiskiGP`: an ``input_transform`` and an
 ``outcome_transform`` are fitted once on the constructor's data and then frozen.
 The prior mean is zero (use ``Standardize``).
+
+References:
+
+.. [Wilson2015] A. G. Wilson, H. Nickisch. Kernel Interpolation for Scalable
+    Structured Gaussian Processes (KISS-GP). International Conference on Machine
+    Learning, 2015.
+.. [Pleiss2018] G. Pleiss, J. Gardner, K. Q. Weinberger, A. G. Wilson. Constant-Time
+    Predictive Distributions for Gaussian Processes. International Conference on
+    Machine Learning, 2018.
 """
 
 from __future__ import annotations
@@ -78,7 +87,6 @@ from botorch.models.utils.gpytorch_modules import (
     get_covar_module_with_dim_scaled_prior,
     get_gaussian_likelihood_with_lognormal_prior,
 )
-from botorch.posteriors.gpytorch import GPyTorchPosterior
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import GridInterpolationKernel, Kernel
 from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
@@ -96,12 +104,17 @@ from torch import Tensor
 from streamgp.interpolation.grid import EXTRAPOLATION_POLICIES, CubicGridInterpolation
 from streamgp.linalg.grid_kernel import grid_kernel_root, is_separable
 from streamgp.linalg.love import DEFAULT_TOLERANCE, compress_root
+from streamgp.linalg.posterior_covariance import PosteriorCovariance
 from streamgp.linalg.structured import structured_grid_posterior
 from streamgp.linalg.woodbury import GridPosterior, LowRankCorrection, factorize
 from streamgp.models.base import construct_inputs_with_options
-from streamgp.models.frozen_transforms import (
-    assemble_posterior,
+from streamgp.models.utils import (
+    PosteriorMixin,
+    conditioning_noise,
+    correction_batch_shape,
     fit_frozen_transforms,
+    parameter_snapshot,
+    parameters_unchanged,
     shallow_view,
     transform_new_data,
 )
@@ -161,7 +174,7 @@ class SKIKernel(GridInterpolationKernel):
         return KroneckerProductLinearOperator(*factors)  # first factor slowest, as W
 
 
-class KissGP(GPyTorchModel, ExactGP, FantasizeMixin):
+class KissGP(PosteriorMixin, GPyTorchModel, ExactGP, FantasizeMixin):
     r"""KISS-GP (exact GP with an interpolated grid kernel) with LOVE predictions.
 
     Args:
@@ -294,9 +307,7 @@ class KissGP(GPyTorchModel, ExactGP, FantasizeMixin):
 
     @property
     def batch_shape(self) -> torch.Size:
-        if self._correction is None:
-            return torch.Size([])
-        return self._correction.gamma.shape[:-1]
+        return correction_batch_shape(self._correction)
 
     @property
     def num_train(self) -> int:
@@ -316,16 +327,11 @@ class KissGP(GPyTorchModel, ExactGP, FantasizeMixin):
         return noise
 
     def _check_hyperparameters(self) -> None:
-        current = [p.detach() for p in self.parameters()]
-        snapshot = self._hyper_snapshot
-        if (
-            snapshot is not None
-            and len(snapshot) == len(current)
-            and all(torch.equal(a, b) for a, b in zip(current, snapshot, strict=True))
-        ):
+        current = list(self.parameters())
+        if parameters_unchanged(current, self._hyper_snapshot):
             return
         self._posterior_cache = {}
-        self._hyper_snapshot = [p.clone() for p in current]
+        self._hyper_snapshot = parameter_snapshot(current)
         if self._conditioning_log:  # replay (keeps gradients w.r.t. conditioning inputs)
             posterior = self.grid_posterior()
             correction = LowRankCorrection.empty(posterior.root.shape[-1], self.train_targets)
@@ -441,40 +447,14 @@ class KissGP(GPyTorchModel, ExactGP, FantasizeMixin):
             root = weights.matmul(love.root)
             return MultivariateNormal(weights.dot(love.mean), RootLinearOperator(root))
         posterior = self.grid_posterior()
-        mean, covar = self._current_correction().predict(posterior, weights)
-        covar = covar.expand(*mean.shape, mean.shape[-1])
-        return MultivariateNormal(mean, DenseLinearOperator(covar))
+        mean, positive, negative = self._current_correction().predict_factors(posterior, weights)
+        # Lazy: variances from the factors (or the cached grid covariance), the t x t
+        # matrix only for joint use, as in WiskiGP.
+        covar = PosteriorCovariance(positive, negative, batch_shape=mean.shape[:-1])
+        return MultivariateNormal(mean, covar)
 
     def _check_inputs(self, X: Tensor, name: str) -> None:
         check_tensor(X, name, like=self.train_targets, min_dim=2, last_dim=self.interpolation.dim)
-
-    def posterior(
-        self,
-        X: Tensor,
-        observation_noise: bool | Tensor = False,
-        posterior_transform: Any | None = None,
-        **kwargs: Any,
-    ) -> GPyTorchPosterior:
-        r"""Joint posterior over the ``q`` points of ``batch_shape x q x d`` inputs ``X``.
-
-        Args:
-            X: Inputs in the original (untransformed) space.
-            observation_noise: If True, add the noise variance (the learned one, or the
-                mean fixed noise); if a ``batch_shape x q x 1`` tensor, add it (in the
-                outcome-transformed space).
-            posterior_transform: Optional BoTorch posterior transform.
-
-        Returns:
-            A ``GPyTorchPosterior`` of shape ``broadcast(batch, model.batch) x q x 1``;
-            its covariance is a ``RootLinearOperator`` under the LOVE switches.
-        """
-        self._check_inputs(X, "X")
-        self.eval()
-        X_t = self.interpolation.prediction_inputs(self.transform_inputs(X), self.extrapolation)
-        mvn = self.predict_latent(X_t)
-        return assemble_posterior(
-            self, mvn, X_t, observation_noise, lambda: self.noise_variance, posterior_transform
-        )
 
     # -------------------------------------------------------------- updates
     def observe(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> KissGP:
@@ -548,10 +528,7 @@ class KissGP(GPyTorchModel, ExactGP, FantasizeMixin):
         self.interpolation.check_inside(X_t, "X")
         posterior = self.grid_posterior()
         y = Y_t.squeeze(-1)
-        if noise is None:
-            noise_q = self.noise_variance.detach().expand(X.shape[:-1])
-        else:
-            noise_q = noise.squeeze(-1)
+        noise_q = conditioning_noise(noise, self, X)
         correction = self._current_correction().condition(
             posterior, self.interpolation.weights(X_t), y, noise_q
         )

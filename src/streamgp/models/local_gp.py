@@ -36,18 +36,22 @@ Cholesky factors are rebuilt lazily, all of them after an insertion
 (``O(K n_max^3)``). A prediction over ``q`` points evaluates only each point's top
 ``M`` local models: ``O(q K d)`` for the similarities, ``O(q M n_max^2)`` for the local
 posteriors and ``O(q^2 M^2 n_max)`` for the joint covariance.
+
+References:
+
+.. [NguyenTuong2008] D. Nguyen-Tuong, M. Seeger, J. Peters. Local Gaussian Process
+    Regression for Real Time Online Model Learning and Control. Advances in Neural
+    Information Processing Systems 21, 2008.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from botorch.models.gpytorch import GPyTorchModel
 from botorch.models.transforms.input import InputTransform
 from botorch.models.transforms.outcome import OutcomeTransform
-from botorch.posteriors.gpytorch import GPyTorchPosterior
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel, RBFKernel, ScaleKernel
 from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
@@ -58,9 +62,10 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from streamgp.models.base import StreamingModelMixin
-from streamgp.models.frozen_transforms import (
-    assemble_posterior,
+from streamgp.models.utils import (
     fit_frozen_transforms,
+    parameter_snapshot,
+    parameters_unchanged,
     transform_new_data,
 )
 from streamgp.utils.validation import check_count, check_no_known_noise, check_targets, check_tensor
@@ -260,13 +265,9 @@ class LocalGP(StreamingModelMixin, GPyTorchModel, GP):
         ``L_k = blockdiag(L_valid, I)`` and ``alpha_k`` is zero on the padding.
         """
         current = self._hyperparameters()
-        snapshot = self._hyper_snapshot
-        fresh = snapshot is not None and all(
-            a.shape == b.shape and torch.equal(a, b) for a, b in zip(current, snapshot, strict=True)
-        )
-        if self._factors is None or not fresh:
+        if self._factors is None or not parameters_unchanged(current, self._hyper_snapshot):
             self._factors = self._compute_factors()
-            self._hyper_snapshot = [p.clone() for p in current]
+            self._hyper_snapshot = parameter_snapshot(current)
         return self._factors
 
     def _compute_factors(self) -> tuple[Tensor, Tensor]:
@@ -310,7 +311,10 @@ class LocalGP(StreamingModelMixin, GPyTorchModel, GP):
         self._factors = None
 
     # ------------------------------------------------------------ BoTorch API
-    def _latent(self, X: Tensor) -> MultivariateNormal:
+    def _check_inputs(self, X: Tensor, name: str) -> None:
+        check_tensor(X, name, like=self.local_y, min_dim=2, last_dim=self.local_X.shape[-1])
+
+    def _latent_posterior(self, X: Tensor) -> MultivariateNormal:
         r"""Weighted-experts posterior at transformed inputs ``X`` (``batch x q x d``)."""
         prior_mean = self.mean_module(X)
         K_XX = self.covar_module(X).to_dense()
@@ -339,36 +343,6 @@ class LocalGP(StreamingModelMixin, GPyTorchModel, GP):
         covar = (pair_weights * (K_XX[..., None, None] - inner)).sum((-2, -1))
         return MultivariateNormal(mean, DenseLinearOperator(covar))
 
-    def posterior(
-        self,
-        X: Tensor,
-        observation_noise: bool | Tensor = False,
-        posterior_transform: Any | None = None,
-        **kwargs: Any,
-    ) -> GPyTorchPosterior:
-        r"""Joint posterior over the ``q`` points of ``batch_shape x q x d`` inputs ``X``.
-
-        Args:
-            X: Inputs in the original (untransformed) space.
-            observation_noise: If True, add the noise variance; if a
-                ``batch_shape x q x 1`` tensor, add it (outcome-transformed space).
-            posterior_transform: Optional BoTorch posterior transform.
-
-        Returns:
-            A ``GPyTorchPosterior`` of shape ``batch_shape x q x 1``.
-        """
-        check_tensor(X, "X", like=self.local_y, min_dim=2, last_dim=self.local_X.shape[-1])
-        self.eval()
-        X_t = self.transform_inputs(X)
-        return assemble_posterior(
-            self,
-            self._latent(X_t),
-            X_t,
-            observation_noise,
-            lambda: self.likelihood.noise.reshape(()),
-            posterior_transform,
-        )
-
     def observe(self, X: Tensor, Y: Tensor) -> LocalGP:
         r"""Insert new observations in place, in arrival order.
 
@@ -379,7 +353,7 @@ class LocalGP(StreamingModelMixin, GPyTorchModel, GP):
         Returns:
             The model itself. Invalid input raises before anything is changed.
         """
-        check_tensor(X, "X", like=self.local_y, min_dim=2, last_dim=self.local_X.shape[-1])
+        self._check_inputs(X, "X")
         if X.dim() != 2:
             raise ValueError(f"X must have shape q x d, got {tuple(X.shape)}.")
         check_targets(check_tensor(Y, "Y", like=X, min_dim=2), "Y", len(X))

@@ -42,6 +42,14 @@ Posteriors equal those of a batch :class:`~streamgp.models.SoftKIGP` with the sa
 factorisation and WISKI's ``I + L^T A L`` Cholesky are two factorisations of one model.
 The QR is better conditioned for tiny noise; grid space needs ``I + L^T A L / s2`` to
 be factorable, which holds for any noise BoTorch's default constraints allow.
+
+References:
+
+.. [Camano2024] C. Camaño, D. Huang. High-Dimensional Gaussian Process Regression
+    with Soft Kernel Interpolation. arXiv preprint, 2024.
+.. [Stanton2021] S. Stanton, W. J. Maddox, I. Delbridge, A. G. Wilson. Kernel
+    Interpolation for Scalable Online Gaussian Processes. International Conference on
+    Artificial Intelligence and Statistics, 2021.
 """
 
 from __future__ import annotations
@@ -66,8 +74,8 @@ from streamgp.interpolation.softmax import DenseInterpolationWeights, softmax_in
 from streamgp.linalg.grid_kernel import GridKernelRoot, point_kernel_root
 from streamgp.linalg.statistics import GridStatistics
 from streamgp.linalg.woodbury import GridPosterior
-from streamgp.models.frozen_transforms import fit_frozen_transforms
 from streamgp.models.softki import DEFAULT_NUM_INDUCING, SoftKIGP
+from streamgp.models.utils import fit_frozen_transforms, parameter_snapshot
 from streamgp.models.wiski import WiskiGP
 from streamgp.utils.validation import (
     check_count,
@@ -597,7 +605,7 @@ class OnlineSoftKIGP(WiskiGP):
             self._kept = [(state["kept_X"], state["kept_y"], state.get("kept_noise"))]
         if "posterior_root" in state:
             self._posterior = GridPosterior(state["posterior_root"], state["posterior_mean"])
-            self._hyper_snapshot = [p.detach().clone() for p in self._hyperparameters()]
+            self._hyper_snapshot = parameter_snapshot(self._hyperparameters())
 
     def _prepare_state_load(self, state_dict: dict[str, Any]) -> None:
         # A checkpoint may have another number of points (refit_points(num_inducing=...)).

@@ -28,6 +28,17 @@ exactly the batch SGPR posterior and bound.
 
 Transforms: as in :class:`~streamgp.models.WiskiGP`, an ``input_transform`` and an
 ``outcome_transform`` are fitted once on the constructor's data and then frozen.
+
+References:
+
+.. [Bui2017] T. D. Bui, C. V. Nguyen, R. E. Turner. Streaming Sparse Gaussian Process
+    Approximations. Advances in Neural Information Processing Systems 30, 2017.
+.. [Titsias2009] M. Titsias. Variational Learning of Inducing Variables in Sparse
+    Gaussian Processes. International Conference on Artificial Intelligence and
+    Statistics, 2009.
+.. [Maddox2021] W. J. Maddox, S. Stanton, A. G. Wilson. Conditioning Sparse
+    Variational Gaussian Processes for Online Decision-making. Advances in Neural
+    Information Processing Systems 34, 2021.
 """
 
 from __future__ import annotations
@@ -45,7 +56,6 @@ from botorch.models.utils.gpytorch_modules import (
     get_gaussian_likelihood_with_lognormal_prior,
 )
 from botorch.optim.utils import get_parameters_and_bounds
-from botorch.posteriors.gpytorch import GPyTorchPosterior
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel
 from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
@@ -65,7 +75,14 @@ from streamgp.linalg.sparse_gp import (
 )
 from streamgp.linalg.woodbury import LowRankCorrection
 from streamgp.models.base import StreamingModelMixin
-from streamgp.models.frozen_transforms import assemble_posterior, shallow_view, transform_new_data
+from streamgp.models.utils import (
+    conditioning_noise,
+    correction_batch_shape,
+    parameter_snapshot,
+    parameters_unchanged,
+    shallow_view,
+    transform_new_data,
+)
 from streamgp.utils.validation import (
     check_inducing_points,
     check_no_known_noise,
@@ -343,11 +360,8 @@ class OnlineSGPR(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         return list(self.parameters())
 
     def _caches_valid(self) -> bool:
-        if self._posterior is None or self._hyper_snapshot is None:
-            return False
-        current = self._hyperparameters()
-        return len(current) == len(self._hyper_snapshot) and all(
-            torch.equal(a, b) for a, b in zip(current, self._hyper_snapshot, strict=True)
+        return self._posterior is not None and parameters_unchanged(
+            self._hyperparameters(), self._hyper_snapshot
         )
 
     def sparse_posterior(self) -> SparsePosterior:
@@ -362,7 +376,7 @@ class OnlineSGPR(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
                 self._posterior = sparse_posterior(
                     self.covar_module, self.pseudo_observations, self.jitter
                 )
-                self._hyper_snapshot = [p.detach().clone() for p in self._hyperparameters()]
+                self._hyper_snapshot = parameter_snapshot(self._hyperparameters())
             # Replay conditioning (keeps gradients w.r.t. the conditioning inputs).
             self._correction = None
             for X_q, y_q, noise_q in self._conditioning_log:
@@ -499,12 +513,9 @@ class OnlineSGPR(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         self.num_observed = self.num_observed + X_t.shape[0]
         self.last_bound = bound.detach()
         self._last_batch = _LastBatch(X_t.detach(), y.detach(), Z, shared, summary)
-        self._last_batch_hypers = self._hyperparameter_snapshot()
+        self._last_batch_hypers = parameter_snapshot(self._hyperparameters())
         self._refit_pending = False
         self._clear_caches()
-
-    def _hyperparameter_snapshot(self) -> list[Tensor]:
-        return [p.detach().clone() for p in self._hyperparameters()]
 
     def _refresh_last_batch(self) -> None:
         r"""After a fit of :meth:`fit_objective`, re-absorb the last batch at the new values.
@@ -520,8 +531,7 @@ class OnlineSGPR(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         if last is None or not self._refit_pending:
             return
         self._refit_pending = False
-        current = self._hyperparameters()
-        if all(torch.equal(a, b) for a, b in zip(current, self._last_batch_hypers, strict=True)):
+        if parameters_unchanged(self._hyperparameters(), self._last_batch_hypers):
             return
         with torch.no_grad():
             bound, factor = self._last_batch_bound()
@@ -532,7 +542,7 @@ class OnlineSGPR(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
             )
         self._set_pseudo_observations(factor)
         self.last_bound = bound
-        self._last_batch_hypers = self._hyperparameter_snapshot()
+        self._last_batch_hypers = parameter_snapshot(self._hyperparameters())
         self._invalidate()
 
     def _last_batch_bound(self) -> tuple[Tensor, PseudoObservations]:
@@ -625,9 +635,7 @@ class OnlineSGPR(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
 
     @property
     def batch_shape(self) -> torch.Size:
-        if self._correction is None:
-            return torch.Size([])
-        return self._correction.gamma.shape[:-1]
+        return correction_batch_shape(self._correction)
 
     def _set_transformed_inputs(self) -> None:
         # Inputs are transformed when they arrive; no training inputs are stored.
@@ -654,36 +662,6 @@ class OnlineSGPR(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         mean, covar = predict(self.covar_module, posterior, self._current_correction(), X)
         covar = covar.expand(*mean.shape, mean.shape[-1])
         return MultivariateNormal(mean, DenseLinearOperator(covar))
-
-    def posterior(
-        self,
-        X: Tensor,
-        observation_noise: bool | Tensor = False,
-        posterior_transform: Any | None = None,
-        **kwargs: Any,
-    ) -> GPyTorchPosterior:
-        r"""Joint posterior over the ``q`` points of ``batch_shape x q x d`` inputs ``X``.
-
-        Args:
-            X: Inputs in the original (untransformed) space.
-            observation_noise: If True, add the noise variance; if a
-                ``batch_shape x q x 1`` tensor, add it (outcome-transformed space).
-            posterior_transform: Optional BoTorch posterior transform.
-
-        Returns:
-            A ``GPyTorchPosterior`` of shape ``broadcast(batch, model.batch) x q x 1``.
-        """
-        self._check_inputs(X, "X")
-        self.eval()
-        X_t = self.transform_inputs(X)
-        return assemble_posterior(
-            self,
-            self(X_t),
-            X_t,
-            observation_noise,
-            lambda: self.noise_variance,
-            posterior_transform,
-        )
 
     # -------------------------------------------------------------- updates
     def observe(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> OnlineSGPR:
@@ -762,10 +740,7 @@ class OnlineSGPR(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         X_t, Y_t = self._transform_new_data(X, Y)
         self.sparse_posterior()
         y = Y_t.squeeze(-1)
-        if noise is None:
-            noise_q = self.noise_variance.detach().expand(X.shape[:-1])
-        else:
-            noise_q = noise.squeeze(-1)
+        noise_q = conditioning_noise(noise, self, X)
         correction = self._condition_correction(X_t, y, noise_q)
         new = self._view()
         new._correction = correction

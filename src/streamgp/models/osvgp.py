@@ -37,8 +37,19 @@ conditioning inputs, so BoTorch's ``fantasize``, ``qNegIntegratedPosteriorVarian
 and ``qKnowledgeGradient`` work with batched candidates and many fantasies.
 
 Transforms are fitted on the constructor's data and then frozen (see
-:mod:`streamgp.models.frozen_transforms`); inducing points live in the transformed
+:mod:`streamgp.models.utils.transforms`); inducing points live in the transformed
 input space.
+
+References:
+
+.. [Bui2017] T. D. Bui, C. V. Nguyen, R. E. Turner. Streaming Sparse Gaussian Process
+    Approximations. Advances in Neural Information Processing Systems 30, 2017.
+.. [Stanton2021] S. Stanton, W. J. Maddox, I. Delbridge, A. G. Wilson. Kernel
+    Interpolation for Scalable Online Gaussian Processes. International Conference on
+    Artificial Intelligence and Statistics, 2021.
+.. [Maddox2021] W. J. Maddox, S. Stanton, A. G. Wilson. Conditioning Sparse
+    Variational Gaussian Processes for Online Decision-making. Advances in Neural
+    Information Processing Systems 34, 2021.
 """
 
 from __future__ import annotations
@@ -52,7 +63,6 @@ from botorch.models.model import FantasizeMixin
 from botorch.models.transforms.input import InputTransform
 from botorch.models.transforms.outcome import OutcomeTransform
 from botorch.models.utils.inducing_point_allocators import GreedyVarianceReduction
-from botorch.posteriors.gpytorch import GPyTorchPosterior
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel, RBFKernel, ScaleKernel
 from gpytorch.likelihoods import (
@@ -69,14 +79,19 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from streamgp.linalg.variational import (
-    condition_on_noisy_observations,
     streaming_kl_correction,
     whiten_gaussian,
 )
 from streamgp.models.base import StreamingModelMixin
-from streamgp.models.frozen_transforms import (
-    assemble_posterior,
+from streamgp.models.utils import (
+    append_conditioning,
+    check_latent_only,
+    condition_joint,
+    conditioning_batch_shape,
+    conditioning_noise,
     fit_frozen_transforms,
+    parameter_snapshot,
+    parameters_unchanged,
     shallow_view,
     transform_new_data,
 )
@@ -88,6 +103,7 @@ from streamgp.utils.validation import (
     check_no_known_noise,
     check_targets,
     check_tensor,
+    renamed_option,
 )
 
 
@@ -194,8 +210,9 @@ class OnlineSVGP(StreamingModelMixin, PersistentOptimizerMixin, GPyTorchModel, G
         num_steps: Optimizer steps per :meth:`observe` call.
         num_init_steps: Optimizer steps on the constructor's data.
         lr: Learning rate of the default Adam optimizer.
-        learn_inducing_locations: Whether the inducing points are optimised. Default:
+        learn_inducing_points: Whether the inducing points are optimised. Default:
             True, unless an ``inducing_selector`` chooses them.
+        learn_inducing_locations: Deprecated name of ``learn_inducing_points``.
         inducing_selector: Optional object with ``update(X) -> Tensor`` returning the
             current inducing points (``M' x d``, transformed space) after seeing the
             transformed inputs ``X`` in order, e.g.
@@ -249,13 +266,20 @@ class OnlineSVGP(StreamingModelMixin, PersistentOptimizerMixin, GPyTorchModel, G
         num_steps: int = 1,
         num_init_steps: int = 200,
         lr: float = 5e-3,
-        learn_inducing_locations: bool | None = None,
+        learn_inducing_points: bool | None = None,
         inducing_selector: Any | None = None,
         optimizer_cls: type[torch.optim.Optimizer] = torch.optim.Adam,
         optimizer_kwargs: dict[str, Any] | None = None,
         keep_optimizer_state: bool = True,
         jitter: float | None = None,
+        learn_inducing_locations: bool | None = None,
     ) -> None:
+        learn_inducing_points = renamed_option(
+            learn_inducing_points,
+            learn_inducing_locations,
+            "learn_inducing_points",
+            "learn_inducing_locations",
+        )
         check_no_known_noise(train_Yvar, "OnlineSVGP")
         # ---- validate everything before building anything
         check_tensor(train_X, "train_X", min_dim=2)
@@ -286,14 +310,14 @@ class OnlineSVGP(StreamingModelMixin, PersistentOptimizerMixin, GPyTorchModel, G
                 raise TypeError("inducing_selector must have an update(X) -> Tensor method.")
             if inducing_points is not None:
                 raise ValueError("Pass either inducing_points or inducing_selector, not both.")
-            if learn_inducing_locations:
+            if learn_inducing_points:
                 raise ValueError(
-                    "learn_inducing_locations must be False/None with an inducing_selector "
+                    "learn_inducing_points must be False/None with an inducing_selector "
                     "(the selector owns the inducing locations)."
                 )
-            learn_inducing_locations = False
-        elif learn_inducing_locations is None:
-            learn_inducing_locations = True
+            learn_inducing_points = False
+        elif learn_inducing_points is None:
+            learn_inducing_points = True
         if inducing_points is not None:
             check_inducing_points(inducing_points, train_X, dim)
         elif inducing_selector is None and (num_inducing < 1 or len(train_X) == 0):
@@ -326,7 +350,7 @@ class OnlineSVGP(StreamingModelMixin, PersistentOptimizerMixin, GPyTorchModel, G
             inducing_points.detach().clone().to(**tkwargs),
             mean_module,
             covar_module,
-            learn_inducing_locations,
+            learn_inducing_points,
             jitter,
         )
         self.likelihood = likelihood.to(**tkwargs)
@@ -368,10 +392,7 @@ class OnlineSVGP(StreamingModelMixin, PersistentOptimizerMixin, GPyTorchModel, G
 
     @property
     def batch_shape(self) -> torch.Size:
-        if self._conditioning is None:
-            return torch.Size([])
-        X_c, y_c, _ = self._conditioning
-        return torch.broadcast_shapes(X_c.shape[:-2], y_c.shape[:-1])
+        return conditioning_batch_shape(self._conditioning)
 
     def _set_transformed_inputs(self) -> None:
         # Inputs are transformed when they arrive; no training inputs are stored.
@@ -493,74 +514,29 @@ class OnlineSVGP(StreamingModelMixin, PersistentOptimizerMixin, GPyTorchModel, G
 
     def _refresh_caches(self) -> None:
         r"""Drop gpytorch's eval-mode caches if any parameter changed since they were built."""
-        current = [p.detach() for p in self.model.parameters()]
-        snap = self._cache_snapshot
-        if (
-            snap is None
-            or len(snap) != len(current)
-            or not all(
-                a.shape == b.shape and torch.equal(a, b) for a, b in zip(snap, current, strict=True)
-            )
-        ):
+        current = list(self.model.parameters())
+        if not parameters_unchanged(current, self._cache_snapshot):
             self.model.variational_strategy._clear_cache()
-            self._cache_snapshot = [p.clone() for p in current]
+            self._cache_snapshot = parameter_snapshot(current)
 
     # ------------------------------------------------------------ BoTorch API
-    def _latent(self, X_t: Tensor) -> MultivariateNormal:
+    def _check_posterior_inputs(self, X: Tensor, observation_noise: bool | Tensor) -> None:
+        # With a Bernoulli likelihood the posterior is over the latent f.
+        super()._check_posterior_inputs(X, observation_noise)
+        check_latent_only(self.likelihood, observation_noise)
+
+    def _latent_posterior(self, X_t: Tensor) -> MultivariateNormal:
         r"""(Conditioned) variational posterior of ``f`` at transformed inputs ``X_t``."""
+        self._refresh_caches()
         if self._conditioning is None:
             mvn = self.model(X_t)
             return MultivariateNormal(mvn.mean, DenseLinearOperator(mvn.covariance_matrix))
-        X_c, y_c, noise_c = self._conditioning
-        q, t = X_c.shape[-2], X_t.shape[-2]
-        batch = torch.broadcast_shapes(X_c.shape[:-2], X_t.shape[:-2])
-        joint_X = torch.cat(
-            [X_c.expand(*batch, *X_c.shape[-2:]), X_t.expand(*batch, *X_t.shape[-2:])], dim=-2
-        )
-        joint = self.model(joint_X)
-        mean, covar = condition_on_noisy_observations(
-            joint.mean, joint.covariance_matrix, q, y_c, noise_c
-        )
-        covar = covar.expand(*mean.shape, t)
-        return MultivariateNormal(mean, DenseLinearOperator(covar))
 
-    def posterior(
-        self,
-        X: Tensor,
-        observation_noise: bool | Tensor = False,
-        posterior_transform: Any | None = None,
-        **kwargs: Any,
-    ) -> GPyTorchPosterior:
-        r"""Joint posterior over the ``q`` points of ``batch_shape x q x d`` inputs ``X``.
+        def joint(X: Tensor) -> tuple[Tensor, Tensor]:
+            mvn = self.model(X)
+            return mvn.mean, mvn.covariance_matrix
 
-        Args:
-            X: Inputs in the original (untransformed) space.
-            observation_noise: If True, add the Gaussian likelihood's noise variance;
-                if a ``batch_shape x q x 1`` tensor, add it (outcome-transformed space).
-                Not available with a Bernoulli likelihood (the posterior is then the
-                latent ``f``).
-            posterior_transform: Optional BoTorch posterior transform.
-
-        Returns:
-            A ``GPyTorchPosterior`` of shape ``broadcast(batch, model.batch) x q x 1``.
-        """
-        self._check_inputs(X, "X")
-        if observation_noise is not False and not self.is_gaussian:
-            raise ValueError(
-                "observation_noise is only available with a GaussianLikelihood; with a "
-                f"{type(self.likelihood).__name__} the posterior is over the latent f."
-            )
-        self.eval()
-        self._refresh_caches()
-        X_t = self.transform_inputs(X)
-        return assemble_posterior(
-            self,
-            self._latent(X_t),
-            X_t,
-            observation_noise,
-            lambda: self.likelihood.noise.reshape(()),
-            posterior_transform,
-        )
+        return condition_joint(joint, self._conditioning, X_t)
 
     def observe(self, X: Tensor, Y: Tensor, num_steps: int | None = None) -> OnlineSVGP:
         r"""Absorb a batch in place: freeze the old posterior, take optimizer steps.
@@ -723,28 +699,10 @@ class OnlineSVGP(StreamingModelMixin, PersistentOptimizerMixin, GPyTorchModel, G
         self._check_inputs(X, "X")
         check_conditioning_data(X, Y, noise, like=X, dim=X.shape[-1])
         X_t, Y_t, _ = transform_new_data(self, X, Y)
-        y = Y_t.squeeze(-1)
-        if noise is None:
-            noise_q = self.likelihood.noise.detach().reshape(()).expand(X.shape[:-1])
-        else:
-            noise_q = noise.squeeze(-1)
-        if self._conditioning is not None:
-            X_old, y_old, noise_old = self._conditioning
-            batch = torch.broadcast_shapes(
-                X_old.shape[:-2], y_old.shape[:-1], X_t.shape[:-2], y.shape[:-1]
-            )
-            X_t = torch.cat(
-                [X_old.expand(*batch, *X_old.shape[-2:]), X_t.expand(*batch, *X_t.shape[-2:])], -2
-            )
-            y = torch.cat([y_old.expand(*batch, -1), y.expand(*batch, -1)], -1)
-            noise_q = torch.cat([noise_old.expand(*batch, -1), noise_q.expand(*batch, -1)], -1)
-        new = self._view()
-        new._conditioning = (X_t, y, noise_q)
+        noise_q = conditioning_noise(noise, self, X)
+        new = shallow_view(self)
+        new._conditioning = append_conditioning(self._conditioning, X_t, Y_t.squeeze(-1), noise_q)
         return new
-
-    def _view(self) -> OnlineSVGP:
-        r"""A new model object sharing this one's modules and tensors (no copies)."""
-        return shallow_view(self)
 
 
 def _check_likelihood(likelihood: object) -> None:

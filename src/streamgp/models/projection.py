@@ -26,6 +26,14 @@ statistics and tracks running statistics; in eval mode (streaming, where a batch
 be a single point) it uses the running statistics, whose affine parameters stay
 learnable. :meth:`LearnedProjection.calibrate` sets the running statistics to those of
 a given batch (e.g. the pretraining set at the end of pretraining).
+
+References:
+
+.. [Stanton2021] S. Stanton, W. J. Maddox, I. Delbridge, A. G. Wilson. Kernel
+    Interpolation for Scalable Online Gaussian Processes. International Conference on
+    Artificial Intelligence and Statistics, 2021.
+.. [Wilson2016] A. G. Wilson, Z. Hu, R. Salakhutdinov, E. P. Xing. Deep Kernel
+    Learning. International Conference on Artificial Intelligence and Statistics, 2016.
 """
 
 from __future__ import annotations

@@ -42,8 +42,13 @@ minibatch negative log marginal likelihood (it comes free with the LU factorisat
 used for the solves), so training curves are meaningful.
 
 Transforms: an ``input_transform`` and an ``outcome_transform`` are fitted once on the
-training data and then frozen (:mod:`streamgp.models.frozen_transforms`); the
+training data and then frozen (:mod:`streamgp.models.utils.transforms`); the
 interpolation points live in the transformed input space.
+
+References:
+
+.. [Camano2024] C. Camaño, D. Huang. High-Dimensional Gaussian Process Regression
+    with Soft Kernel Interpolation. arXiv preprint, 2024.
 """
 
 from __future__ import annotations
@@ -62,7 +67,6 @@ from botorch.models.utils.gpytorch_modules import (
     get_gaussian_likelihood_with_lognormal_prior,
 )
 from botorch.optim.utils import get_parameters_and_bounds
-from botorch.posteriors.gpytorch import GPyTorchPosterior
 from gpytorch.constraints import Positive
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel
@@ -76,9 +80,12 @@ from streamgp.linalg.grid_kernel import cholesky_with_jitter
 from streamgp.linalg.posterior_covariance import PosteriorCovariance
 from streamgp.linalg.woodbury import GridPosterior, LowRankCorrection
 from streamgp.models.base import StreamingModelMixin
-from streamgp.models.frozen_transforms import (
-    assemble_posterior,
+from streamgp.models.utils import (
+    conditioning_noise,
+    correction_batch_shape,
     fit_frozen_transforms,
+    parameter_snapshot,
+    parameters_unchanged,
     shallow_view,
     transform_new_data,
 )
@@ -429,12 +436,8 @@ class SoftKIGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         return self
 
     def _caches_valid(self) -> bool:
-        if self._posterior is None or self._hyper_snapshot is None:
-            return False
-        current = list(self.parameters())
-        return len(current) == len(self._hyper_snapshot) and all(
-            a.shape == b.shape and torch.equal(a, b)
-            for a, b in zip(current, self._hyper_snapshot, strict=True)
+        return self._posterior is not None and parameters_unchanged(
+            list(self.parameters()), self._hyper_snapshot
         )
 
     def weights(self, X_t: Tensor) -> DenseInterpolationWeights:
@@ -474,7 +477,7 @@ class SoftKIGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         if not self._caches_valid():
             with torch.no_grad():
                 self._posterior = self.factor().posterior()
-                self._hyper_snapshot = [p.detach().clone() for p in self.parameters()]
+                self._hyper_snapshot = parameter_snapshot(self.parameters())
             self._correction = None
             for X_q, y_q, noise_q in self._conditioning_log:
                 self._correction = self._current_correction().condition(
@@ -627,9 +630,7 @@ class SoftKIGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
     # ------------------------------------------------------------ BoTorch API
     @property
     def batch_shape(self) -> torch.Size:
-        if self._correction is None:
-            return torch.Size([])
-        return self._correction.gamma.shape[:-1]
+        return correction_batch_shape(self._correction)
 
     def _set_transformed_inputs(self) -> None:
         # Inputs were transformed once at construction (frozen transforms).
@@ -651,37 +652,10 @@ class SoftKIGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         covar = PosteriorCovariance(positive, negative, batch_shape=mean.shape[:-1])
         return MultivariateNormal(mean, covar)
 
-    def posterior(
-        self,
-        X: Tensor,
-        observation_noise: bool | Tensor = False,
-        posterior_transform: Any | None = None,
-        **kwargs: Any,
-    ) -> GPyTorchPosterior:
-        r"""Joint posterior over the ``q`` points of ``batch_shape x q x d`` inputs ``X``.
-
-        Args:
-            X: Inputs in the original (untransformed) space.
-            observation_noise: If True, add the noise variance; if a
-                ``batch_shape x q x 1`` tensor, add it (outcome-transformed space).
-            posterior_transform: Optional BoTorch posterior transform.
-
-        Returns:
-            A ``GPyTorchPosterior`` of shape ``broadcast(batch, model.batch) x q x 1``.
-        """
-        self._check_inputs(X, "X")
+    def _check_posterior_inputs(self, X: Tensor, observation_noise: bool | Tensor) -> None:
+        super()._check_posterior_inputs(X, observation_noise)
         if isinstance(observation_noise, Tensor):
             check_tensor(observation_noise, "observation_noise", like=self.train_X_t, last_dim=1)
-        self.eval()
-        X_t = self.transform_inputs(X)
-        return assemble_posterior(
-            self,
-            self(X_t),
-            X_t,
-            observation_noise,
-            lambda: self.noise_variance,
-            posterior_transform,
-        )
 
     def condition_on_observations(
         self, X: Tensor, Y: Tensor, noise: Tensor | None = None, **kwargs: Any
@@ -709,10 +683,7 @@ class SoftKIGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         X_t, Y_t, _ = transform_new_data(self, X, Y)
         posterior = self.softki_posterior()
         y = Y_t.squeeze(-1)
-        if noise is None:
-            noise_q = self.noise_variance.detach().expand(X.shape[:-1])
-        else:
-            noise_q = noise.squeeze(-1)
+        noise_q = conditioning_noise(noise, self, X)
         correction = self._current_correction().condition(posterior, self.weights(X_t), y, noise_q)
         new = shallow_view(self)
         new._correction = correction

@@ -34,7 +34,16 @@ BoTorch's ``fantasize``, qNIPV, qKG) is the exact Gaussian update of the joint
 variational predictive, as for :class:`streamgp.models.OnlineSVGP` (online
 variational conditioning, Maddox et al. 2021).
 Transforms are fitted on the constructor's data and then frozen (see
-:mod:`streamgp.models.frozen_transforms`); bases live in the transformed input space.
+:mod:`streamgp.models.utils.transforms`); bases live in the transformed input space.
+
+References:
+
+.. [Cheng2017] C.-A. Cheng, B. Boots. Variational Inference for Gaussian Process
+    Models with Linear Complexity. Advances in Neural Information Processing Systems 30,
+    2017.
+.. [Maddox2021] W. J. Maddox, S. Stanton, A. G. Wilson. Conditioning Sparse
+    Variational Gaussian Processes for Online Decision-making. Advances in Neural
+    Information Processing Systems 34, 2021.
 """
 
 from __future__ import annotations
@@ -47,7 +56,6 @@ from botorch.models.model import FantasizeMixin
 from botorch.models.transforms.input import InputTransform
 from botorch.models.transforms.outcome import OutcomeTransform
 from botorch.models.utils.inducing_point_allocators import GreedyVarianceReduction
-from botorch.posteriors.gpytorch import GPyTorchPosterior
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel, RBFKernel, ScaleKernel
 from gpytorch.likelihoods import BernoulliLikelihood, GaussianLikelihood, Likelihood
@@ -65,14 +73,18 @@ from streamgp.linalg.decoupled import (
     gaussian_optimal_parameters,
     mean_kl_term,
 )
-from streamgp.linalg.variational import condition_on_noisy_observations
 from streamgp.models.base import StreamingModelMixin
-from streamgp.models.frozen_transforms import (
-    assemble_posterior,
+from streamgp.models.osvgp import _check_binary, _check_likelihood
+from streamgp.models.utils import (
+    append_conditioning,
+    check_latent_only,
+    condition_joint,
+    conditioning_batch_shape,
+    conditioning_noise,
     fit_frozen_transforms,
+    shallow_view,
     transform_new_data,
 )
-from streamgp.models.osvgp import _check_binary, _check_likelihood
 from streamgp.utils.optimization import PersistentOptimizerMixin
 from streamgp.utils.validation import (
     check_conditioning_data,
@@ -80,6 +92,7 @@ from streamgp.utils.validation import (
     check_no_known_noise,
     check_targets,
     check_tensor,
+    renamed_option,
 )
 
 _VARIATIONAL = ("mean_basis", "mean_weights", "covar_basis", "covar_root")
@@ -118,9 +131,10 @@ class DecoupledSVGP(
         lr_decay: The step size after ``t`` optimizer steps (over the whole stream) is
             ``gamma_0 / (1 + lr_decay * sqrt(t))``, the paper's schedule (section 4,
             ``lr_decay = 0.1``); 0 keeps it constant.
-        learn_basis_locations: Whether the basis points are optimised (the paper
-            does). Off by default: the bases grow from the data stream, and on toy
-            streams moving them with Adam at the default step size degraded the fit.
+        learn_inducing_points: Whether the basis points (the inducing points of the
+            mean and covariance bases) are optimised (the paper does). Off by default:
+            the bases grow from the data stream, and on toy streams moving them with
+            Adam at the default step size degraded the fit.
         new_root_diagonal: Diagonal of ``L`` for new covariance basis points (small:
             the posterior barely changes, but gradients with respect to the new
             column of ``L``, proportional to it, do not vanish).
@@ -178,14 +192,22 @@ class DecoupledSVGP(
         num_init_steps: int = 300,
         lr: float = 5e-2,
         lr_decay: float = 0.1,
-        learn_basis_locations: bool = False,
+        learn_inducing_points: bool | None = None,
         new_root_diagonal: float = 1e-2,
         optimizer_cls: type[torch.optim.Optimizer] = torch.optim.Adam,
         optimizer_kwargs: dict[str, Any] | None = None,
         keep_optimizer_state: bool = True,
         warm_start: bool = True,
         seed: int = 0,
+        learn_basis_locations: bool | None = None,
     ) -> None:
+        learn_inducing_points = renamed_option(
+            learn_inducing_points,
+            learn_basis_locations,
+            "learn_inducing_points",
+            "learn_basis_locations",
+        )
+        learn_inducing_points = bool(learn_inducing_points)
         check_no_known_noise(train_Yvar, "DecoupledSVGP")
         # ---- validate everything before building anything
         check_tensor(train_X, "train_X", min_dim=2)
@@ -252,7 +274,7 @@ class DecoupledSVGP(
         self.replay_size = replay_size
         self.num_steps = num_steps
         self.num_init_steps = num_init_steps
-        self.learn_basis_locations = learn_basis_locations
+        self.learn_inducing_points = learn_inducing_points
         self.new_root_diagonal = float(new_root_diagonal)
         self.lr_decay = float(lr_decay)
         self.num_optimizer_steps = 0
@@ -279,11 +301,11 @@ class DecoupledSVGP(
             mean_basis = torch.cat([covar_basis, extra])[:max_mean_basis]
         m_beta = len(covar_basis)
         self.mean_basis = Parameter(
-            mean_basis.detach().clone().to(**tkwargs), requires_grad=learn_basis_locations
+            mean_basis.detach().clone().to(**tkwargs), requires_grad=learn_inducing_points
         )
         self.mean_weights = Parameter(torch.zeros(len(mean_basis), **tkwargs))
         self.covar_basis = Parameter(
-            covar_basis.detach().clone().to(**tkwargs), requires_grad=learn_basis_locations
+            covar_basis.detach().clone().to(**tkwargs), requires_grad=learn_inducing_points
         )
         self.covar_root = Parameter(self.new_root_diagonal * torch.eye(m_beta, **tkwargs))
         self.warm_start = warm_start and self.is_gaussian
@@ -306,10 +328,7 @@ class DecoupledSVGP(
 
     @property
     def batch_shape(self) -> torch.Size:
-        if self._conditioning is None:
-            return torch.Size([])
-        X_c, y_c, _ = self._conditioning
-        return torch.broadcast_shapes(X_c.shape[:-2], y_c.shape[:-1])
+        return conditioning_batch_shape(self._conditioning)
 
     def _set_transformed_inputs(self) -> None:
         # Inputs are transformed when they arrive; no training inputs are stored.
@@ -627,60 +646,19 @@ class DecoupledSVGP(
         self.eval()
 
     # ------------------------------------------------------------ BoTorch API
-    def _conditioned_latent(self, X_t: Tensor) -> tuple[Tensor, Tensor]:
-        r"""Joint ``q(f)`` at transformed ``X_t``, conditioned on fantasy data if any."""
-        if self._conditioning is None:
-            return self._latent(X_t, diag=False)[0]
-        X_c, y_c, noise_c = self._conditioning
-        t = X_t.shape[-2]
-        batch = torch.broadcast_shapes(X_c.shape[:-2], X_t.shape[:-2])
-        joint_X = torch.cat(
-            [X_c.expand(*batch, *X_c.shape[-2:]), X_t.expand(*batch, *X_t.shape[-2:])], dim=-2
-        )
-        (mean, covar), _ = self._latent(joint_X, diag=False)
-        mean, covar = condition_on_noisy_observations(mean, covar, X_c.shape[-2], y_c, noise_c)
-        return mean, covar.expand(*mean.shape, t)
-
-    def posterior(
-        self,
-        X: Tensor,
-        observation_noise: bool | Tensor = False,
-        posterior_transform: Any | None = None,
-        **kwargs: Any,
-    ) -> GPyTorchPosterior:
-        r"""Joint posterior over the ``q`` points of ``batch_shape x q x d`` inputs ``X``.
-
-        Args:
-            X: Inputs in the original (untransformed) space.
-            observation_noise: If True, add the Gaussian likelihood's noise variance;
-                if a ``batch_shape x q x 1`` tensor, add it (outcome-transformed space).
-                Not available with a Bernoulli likelihood (the posterior is then the
-                latent ``f``).
-            posterior_transform: Optional BoTorch posterior transform.
-
-        Returns:
-            A ``GPyTorchPosterior`` of shape ``batch_shape x q x 1``.
-        """
-        self._check_inputs(X, "X")
-        if observation_noise is not False and not self.is_gaussian:
-            raise ValueError(
-                "observation_noise is only available with a GaussianLikelihood; with a "
-                f"{type(self.likelihood).__name__} the posterior is over the latent f."
-            )
+    def _check_posterior_inputs(self, X: Tensor, observation_noise: bool | Tensor) -> None:
+        # With a Bernoulli likelihood the posterior is over the latent f.
+        super()._check_posterior_inputs(X, observation_noise)
+        check_latent_only(self.likelihood, observation_noise)
         if isinstance(observation_noise, Tensor):
             check_tensor(observation_noise, "observation_noise", like=X, min_dim=2, last_dim=1)
-        self.eval()
-        X_t = self.transform_inputs(X)
-        mean, covar = self._conditioned_latent(X_t)
-        mvn = MultivariateNormal(mean, DenseLinearOperator(covar))
-        return assemble_posterior(
-            self,
-            mvn,
-            X_t,
-            observation_noise,
-            lambda: self.likelihood.noise.reshape(()),
-            posterior_transform,
-        )
+
+    def _latent_posterior(self, X_t: Tensor) -> MultivariateNormal:
+        r"""Joint ``q(f)`` at transformed ``X_t``, conditioned on fantasy data if any."""
+        if self._conditioning is None:
+            mean, covar = self._latent(X_t, diag=False)[0]
+            return MultivariateNormal(mean, DenseLinearOperator(covar))
+        return condition_joint(lambda X: self._latent(X, diag=False)[0], self._conditioning, X_t)
 
     def condition_on_observations(
         self, X: Tensor, Y: Tensor, noise: Tensor | None = None, **kwargs: Any
@@ -711,25 +689,7 @@ class DecoupledSVGP(
         self._check_inputs(X, "X")
         check_conditioning_data(X, Y, noise, like=X, dim=X.shape[-1])
         X_t, Y_t, _ = transform_new_data(self, X, Y)
-        y = Y_t.squeeze(-1)
-        if noise is None:
-            noise_q = self.likelihood.noise.detach().reshape(()).expand(X.shape[:-1])
-        else:
-            noise_q = noise.squeeze(-1)
-        if self._conditioning is not None:
-            X_old, y_old, noise_old = self._conditioning
-            batch = torch.broadcast_shapes(
-                X_old.shape[:-2], y_old.shape[:-1], X_t.shape[:-2], y.shape[:-1]
-            )
-            X_t = torch.cat(
-                [X_old.expand(*batch, *X_old.shape[-2:]), X_t.expand(*batch, *X_t.shape[-2:])], -2
-            )
-            y = torch.cat([y_old.expand(*batch, -1), y.expand(*batch, -1)], -1)
-            noise_q = torch.cat([noise_old.expand(*batch, -1), noise_q.expand(*batch, -1)], -1)
-        new = self.__class__.__new__(self.__class__)
-        new.__dict__ = {
-            key: value.copy() if isinstance(value, dict) else value
-            for key, value in self.__dict__.items()
-        }
-        new._conditioning = (X_t, y, noise_q)
+        noise_q = conditioning_noise(noise, self, X)
+        new = shallow_view(self)
+        new._conditioning = append_conditioning(self._conditioning, X_t, Y_t.squeeze(-1), noise_q)
         return new

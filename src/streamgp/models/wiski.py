@@ -61,6 +61,7 @@ likelihood is not available for them (fit hyperparameters on a coarser grid).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -74,7 +75,6 @@ from botorch.models.utils.gpytorch_modules import (
     get_covar_module_with_dim_scaled_prior,
     get_gaussian_likelihood_with_lognormal_prior,
 )
-from botorch.posteriors.gpytorch import GPyTorchPosterior
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel, ScaleKernel
 from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
@@ -102,12 +102,7 @@ from streamgp.linalg.woodbury import (
     update_root,
 )
 from streamgp.models.base import StreamingModelMixin
-from streamgp.models.frozen_transforms import (
-    assemble_posterior,
-    fit_frozen_transforms,
-    shallow_view,
-    transform_new_data,
-)
+from streamgp.models.utils import fit_frozen_transforms, shallow_view, transform_new_data
 from streamgp.utils.validation import (
     check_choice,
     check_conditioning_data,
@@ -570,13 +565,17 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
             )
         posterior = self.exact_posterior()
         correction = self._current_correction()
-        statistics = self._statistics
-        rows = []
-        for X_q, y_q, noise_q in self._conditioning_log:
-            weights = self.interpolation.weights(X_q.detach())
-            rows.append((weights, y_q.detach(), noise_q.detach()))
-            noise = noise_q.detach() if self.fixed_noise else None
-            statistics = statistics.add(weights, y_q.detach(), noise)
+        rows = [
+            (self.interpolation.weights(X_q.detach()), y_q.detach(), noise_q.detach())
+            for X_q, y_q, noise_q in self._conditioning_log
+        ]
+        # One addition of all held rows: each GridStatistics.add writes a new m x m A.
+        weights = functools.reduce(lambda a, b: a.cat(b), [w for w, _, _ in rows])
+        y_all = torch.cat([y_q for _, y_q, _ in rows], dim=-1)
+        noise_all = torch.cat([noise_q for _, _, noise_q in rows], dim=-1)
+        statistics = self._statistics.add(
+            weights, y_all, noise_all if self.fixed_noise else None
+        )
         with torch.no_grad():
             if isinstance(posterior, GridPosterior):
                 posterior = fold_low_rank(posterior, correction.V, correction.gamma)
@@ -729,33 +728,6 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         # it (samplers add jitter as required).
         covar = PosteriorCovariance(positive, negative, batch_shape=mean.shape[:-1])
         return MultivariateNormal(mean, covar)
-
-    def posterior(
-        self,
-        X: Tensor,
-        observation_noise: bool | Tensor = False,
-        posterior_transform: Any | None = None,
-        **kwargs: Any,
-    ) -> GPyTorchPosterior:
-        r"""Joint posterior over the ``q`` points of ``batch_shape x q x d`` inputs ``X``.
-
-        Args:
-            X: Inputs in the original (untransformed) space.
-            observation_noise: If True, add the noise variance (the learned one, or
-                the mean fixed noise); if a ``batch_shape x q x 1`` tensor, add it
-                (in the outcome-transformed space).
-            posterior_transform: Optional BoTorch posterior transform.
-
-        Returns:
-            A ``GPyTorchPosterior`` of shape ``broadcast(batch, model.batch) x q x 1``.
-        """
-        self._check_inputs(X, "X", min_dim=2)
-        self.eval()
-        X_t = self.interpolation.prediction_inputs(self.transform_inputs(X), self.extrapolation)
-        mvn = self(X_t)
-        return assemble_posterior(
-            self, mvn, X_t, observation_noise, lambda: self.noise_variance, posterior_transform
-        )
 
     # -------------------------------------------------------------- updates
     def observe(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> WiskiGP:

@@ -8,6 +8,7 @@ never modify their inputs, so callers validate everything before touching state.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from botorch.models.transforms.input import AffineInputTransform, ChainedInputTransform
@@ -247,3 +248,22 @@ def check_positive_number(value: object, name: str, allow_none: bool = False) ->
     ):
         suffix = " or None" if allow_none else ""
         raise ValueError(f"{name} must be a positive number{suffix}, got {value!r}.")
+
+
+def renamed_option(value: object, old_value: object, name: str, old_name: str) -> object:
+    r"""The value of option ``name``, also accepted under its deprecated ``old_name``.
+
+    ``None`` means "not given" for both. Passing ``old_name`` warns
+    (``DeprecationWarning``); passing both raises ``ValueError``.
+    """
+    if old_value is None:
+        return value
+    warnings.warn(
+        f"{old_name} is deprecated; use {name} (one name for the option across streamgp's "
+        "models, as BoTorch's variational GPs call it).",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    if value is not None:
+        raise ValueError(f"Pass {name} only ({old_name} is its deprecated name).")
+    return old_value

@@ -16,11 +16,10 @@ from __future__ import annotations
 import math
 
 import torch
-from botorch.models.model import FantasizeMixin, Model
-from botorch.posteriors.gpytorch import GPyTorchPosterior
-from gpytorch.distributions import MultivariateNormal
 from gpytorch.likelihoods import GaussianLikelihood
 from torch import Tensor
+
+from oracles.base import DenseOracle, rel_err
 
 
 def jittered(K: Tensor, rel: float) -> Tensor:
@@ -90,7 +89,7 @@ def bui_bound(
     return F + delta + old_bound, m_b, S_b
 
 
-class DenseQuModel(Model, FantasizeMixin):
+class DenseQuModel(DenseOracle):
     r"""Predictive ``p(f* | u) q(u)`` with a dense ``q(u) = N(m, S)`` (batched), no transforms.
 
     ``condition_on_observations`` applies the exact Gaussian update of ``q(u)`` for
@@ -104,10 +103,6 @@ class DenseQuModel(Model, FantasizeMixin):
         self.likelihood.noise = noise.detach()
 
     @property
-    def num_outputs(self) -> int:
-        return 1
-
-    @property
     def batch_shape(self) -> torch.Size:
         return self.m.shape[:-1]
 
@@ -118,15 +113,8 @@ class DenseQuModel(Model, FantasizeMixin):
         covar = self.kernel(Xs).to_dense() - H @ K_su.mT + H @ self.S @ H.mT
         return mean, covar
 
-    def posterior(self, X, observation_noise=False, posterior_transform=None, **kwargs):
-        mean, covar = self.latent(X)
-        covar = covar.expand(*mean.shape, mean.shape[-1])
-        if isinstance(observation_noise, Tensor):
-            covar = covar + torch.diag_embed(observation_noise.squeeze(-1).expand(mean.shape))
-        elif observation_noise:
-            covar = covar + self.noise * torch.eye(mean.shape[-1], dtype=mean.dtype)
-        post = GPyTorchPosterior(MultivariateNormal(mean, covar))
-        return posterior_transform(post) if posterior_transform is not None else post
+    def noise_level(self) -> Tensor:
+        return self.noise
 
     def condition_on_observations(self, X, Y, noise=None, **kwargs):
         y = Y.squeeze(-1)
@@ -142,6 +130,4 @@ class DenseQuModel(Model, FantasizeMixin):
         return DenseQuModel(self.kernel, self.noise, self.Z, self.K_uu, m_new, S_new)
 
 
-def rel_err(a: Tensor, b: Tensor) -> float:
-    """Max absolute error relative to the largest entry of the reference ``b``."""
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
+__all__ = ["DenseQuModel", "bui_bound", "jittered", "log_normal", "rel_err", "titsias"]

@@ -12,15 +12,13 @@ from __future__ import annotations
 import math
 
 import torch
-from botorch.models.model import FantasizeMixin, Model
-from botorch.posteriors.gpytorch import GPyTorchPosterior
-from gpytorch.distributions import MultivariateNormal
 from torch import Tensor
 
+from oracles.base import DenseOracle
 from streamgp.linalg import grid_kernel_matrix
 
 
-class DenseSKIModel(Model, FantasizeMixin):
+class DenseSKIModel(DenseOracle):
     """Dense SKI posterior over data ``(W, y, noise)``, in the model's transformed space.
 
     Args:
@@ -37,10 +35,6 @@ class DenseSKIModel(Model, FantasizeMixin):
     @property
     def likelihood(self):
         return self.wiski.likelihood
-
-    @property
-    def num_outputs(self) -> int:
-        return 1
 
     @property
     def batch_shape(self) -> torch.Size:
@@ -79,15 +73,8 @@ class DenseSKIModel(Model, FantasizeMixin):
         logdet = 2 * L.diagonal(dim1=-2, dim2=-1).log().sum(-1)
         return -0.5 * ((z * z).sum(-1) + logdet + n * math.log(2 * math.pi))
 
-    def posterior(self, X, observation_noise=False, posterior_transform=None, **kwargs):
-        mean, covar = self.latent(X)
-        covar = covar.expand(*mean.shape, mean.shape[-1])
-        if isinstance(observation_noise, Tensor):
-            covar = covar + torch.diag_embed(observation_noise.squeeze(-1).expand(mean.shape))
-        elif observation_noise:
-            covar = covar + self.wiski.noise_variance * torch.eye(mean.shape[-1], dtype=mean.dtype)
-        post = GPyTorchPosterior(MultivariateNormal(mean, covar))
-        return posterior_transform(post) if posterior_transform is not None else post
+    def noise_level(self) -> Tensor:
+        return self.wiski.noise_variance
 
     def condition_on_observations(self, X, Y, noise=None, **kwargs):
         y_new = Y.squeeze(-1)
@@ -120,8 +107,3 @@ def copy_hyperparameters(source, target) -> None:
     target.covar_module.load_state_dict(source.covar_module.state_dict())
     if not target.fixed_noise:
         target.likelihood.load_state_dict(source.likelihood.state_dict())
-
-
-def rel_err(a: Tensor, b: Tensor) -> float:
-    """Max absolute error relative to the largest entry of the reference ``b``."""
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()

@@ -1,0 +1,45 @@
+r"""What every streamgp model shares: posterior template, frozen transforms, views, caches.
+
+- :mod:`~streamgp.models.utils.posterior`: BoTorch's ``posterior`` as one template
+  (:class:`PosteriorMixin`) and the assembly of a latent posterior into BoTorch's
+  (observation noise, outcome untransform, structured covariances).
+- :mod:`~streamgp.models.utils.transforms`: input and outcome transforms fitted on the
+  constructor's data and then frozen.
+- :mod:`~streamgp.models.utils.views`: conditioned models as views (no copies).
+- :mod:`~streamgp.models.utils.cache`: caches valid while the hyperparameters are.
+"""
+
+from streamgp.models.utils.cache import parameter_snapshot, parameters_unchanged
+from streamgp.models.utils.posterior import (
+    PosteriorMixin,
+    assemble_posterior,
+    assemble_root_posterior,
+    check_latent_only,
+)
+from streamgp.models.utils.transforms import eval_mode, fit_frozen_transforms, transform_new_data
+from streamgp.models.utils.views import (
+    append_conditioning,
+    condition_joint,
+    conditioning_batch_shape,
+    conditioning_noise,
+    correction_batch_shape,
+    shallow_view,
+)
+
+__all__ = [
+    "PosteriorMixin",
+    "append_conditioning",
+    "assemble_posterior",
+    "assemble_root_posterior",
+    "check_latent_only",
+    "condition_joint",
+    "conditioning_batch_shape",
+    "conditioning_noise",
+    "correction_batch_shape",
+    "eval_mode",
+    "fit_frozen_transforms",
+    "parameter_snapshot",
+    "parameters_unchanged",
+    "shallow_view",
+    "transform_new_data",
+]

@@ -1,0 +1,230 @@
+r"""BoTorch posteriors for streamgp's models: the shared ``posterior`` and its assembly.
+
+Every model answers ``posterior(X, observation_noise, posterior_transform)`` the same
+way (:class:`PosteriorMixin`): check ``X``, map it into the space the model predicts in
+(the frozen input transform; a grid model's extrapolation policy), compute the latent
+posterior there (the model's own mathematics, :meth:`PosteriorMixin._latent_posterior`),
+then assemble BoTorch's posterior (:func:`assemble_posterior`): add observation noise in
+the outcome-transformed space, untransform the outcome, apply the posterior transform.
+Structured covariances keep their structure: a factored
+:class:`~streamgp.linalg.posterior_covariance.PosteriorCovariance` (WISKI, SoftKI) and a
+low-rank LOVE root (:func:`assemble_root_posterior`).
+
+References:
+
+.. [Gardner2018] J. Gardner, G. Pleiss, K. Q. Weinberger, D. Bindel, A. G. Wilson.
+    GPyTorch: Blackbox Matrix-Matrix Gaussian Process Inference with GPU Acceleration.
+    Advances in Neural Information Processing Systems 31, 2018.
+.. [Pleiss2018] G. Pleiss, J. Gardner, K. Q. Weinberger, A. G. Wilson. Constant-Time
+    Predictive Distributions for Gaussian Processes (LOVE). International Conference on
+    Machine Learning, 2018.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from botorch.models.transforms.outcome import OutcomeTransform, Standardize
+from botorch.posteriors.gpytorch import GPyTorchPosterior
+from gpytorch.distributions import MultivariateNormal
+from gpytorch.likelihoods import GaussianLikelihood
+from linear_operator.operators import (
+    DenseLinearOperator,
+    DiagLinearOperator,
+    LowRankRootAddedDiagLinearOperator,
+    LowRankRootLinearOperator,
+    RootLinearOperator,
+)
+from torch import Tensor
+
+from streamgp.linalg.posterior_covariance import PosteriorCovariance
+
+
+class PosteriorMixin:
+    r"""BoTorch's ``posterior`` as one template; a model supplies its latent posterior.
+
+    A model lists it (or :class:`~streamgp.models.base.StreamingModelMixin`, which
+    includes it) before its BoTorch base classes and implements the hooks it needs:
+
+    - :meth:`_check_inputs` (required): validate test inputs (dtype, device, ``d``).
+    - :meth:`_latent_posterior`: the ``MultivariateNormal`` of the latent function at
+      transformed inputs (default: ``self(X_t)``, i.e. ``forward`` in eval mode).
+    - :meth:`_check_posterior_inputs`: further checks of ``observation_noise``.
+    - :attr:`noise_variance`: the variance ``observation_noise=True`` adds (default:
+      the Gaussian likelihood's noise).
+    - :attr:`extrapolation`: for interpolation models, the policy by which
+      ``self.interpolation.prediction_inputs`` treats inputs outside its domain.
+    """
+
+    #: How a grid model treats inputs outside its interpolation domain (the policy of
+    #: ``self.interpolation.prediction_inputs``); None for models that predict anywhere.
+    extrapolation: str | None = None
+
+    @property
+    def noise_variance(self) -> Tensor:
+        r"""The homoskedastic noise variance (outcome-transformed space; differentiable)."""
+        return self.likelihood.noise.reshape(())
+
+    def posterior(
+        self,
+        X: Tensor,
+        observation_noise: bool | Tensor = False,
+        posterior_transform: Any | None = None,
+        **kwargs: Any,
+    ) -> GPyTorchPosterior:
+        r"""Joint posterior over the ``q`` points of ``batch_shape x q x d`` inputs ``X``.
+
+        Args:
+            X: Inputs in the original (untransformed) space.
+            observation_noise: If True, add :attr:`noise_variance` (the learned noise,
+                or the mean known noise of fixed-noise models); if a
+                ``batch_shape x q x 1`` tensor, add it (in the outcome-transformed
+                space).
+            posterior_transform: Optional BoTorch posterior transform.
+
+        Returns:
+            A ``GPyTorchPosterior`` of shape ``broadcast(batch, model.batch) x q x 1``;
+            its covariance is a ``RootLinearOperator`` where the model predicts with a
+            LOVE root.
+        """
+        self._check_posterior_inputs(X, observation_noise)
+        self.eval()
+        X_t = self._prediction_inputs(X)
+        return assemble_posterior(
+            self,
+            self._latent_posterior(X_t),
+            X_t,
+            observation_noise,
+            lambda: self.noise_variance,
+            posterior_transform,
+        )
+
+    def _check_inputs(self, X: Tensor, name: str) -> None:
+        r"""Raise unless ``X`` is a finite ``... x d`` tensor of the model's dtype and device."""
+        raise NotImplementedError
+
+    def _check_posterior_inputs(self, X: Tensor, observation_noise: bool | Tensor) -> None:
+        r"""Validate ``posterior``'s arguments before anything is computed."""
+        self._check_inputs(X, "X")
+
+    def _prediction_inputs(self, X: Tensor) -> Tensor:
+        r"""``X`` in the space the model predicts in: the frozen input transform, then
+        (interpolation models) the :attr:`extrapolation` policy."""
+        X_t = self.transform_inputs(X)
+        if self.extrapolation is None:
+            return X_t
+        return self.interpolation.prediction_inputs(X_t, self.extrapolation)
+
+    def _latent_posterior(self, X_t: Tensor) -> MultivariateNormal:
+        r"""The posterior of the latent function at transformed inputs ``X_t``."""
+        return self(X_t)
+
+
+def check_latent_only(likelihood: Any, observation_noise: bool | Tensor) -> None:
+    r"""Raise if observation noise is asked of a model whose likelihood is not Gaussian."""
+    if observation_noise is not False and not isinstance(likelihood, GaussianLikelihood):
+        raise ValueError(
+            "observation_noise is only available with a GaussianLikelihood; with a "
+            f"{type(likelihood).__name__} the posterior is over the latent f."
+        )
+
+
+def assemble_posterior(
+    model: torch.nn.Module,
+    mvn: MultivariateNormal,
+    X_t: Tensor,
+    observation_noise: bool | Tensor,
+    noise_variance: Callable[[], Tensor],
+    posterior_transform: Any | None = None,
+) -> GPyTorchPosterior:
+    r"""The BoTorch posterior of a latent ``mvn`` at transformed inputs ``X_t``.
+
+    Adds observation noise (``noise_variance()`` when ``observation_noise`` is True,
+    or the given ``batch x q x 1`` tensor, in the outcome-transformed space), then
+    untransforms with ``model``'s outcome transform and applies ``posterior_transform``.
+    A low-rank ``RootLinearOperator`` covariance (LOVE) keeps its structure
+    (:func:`assemble_root_posterior`).
+    """
+    if isinstance(mvn.lazy_covariance_matrix, RootLinearOperator):
+        return assemble_root_posterior(
+            model, mvn, X_t, observation_noise, noise_variance, posterior_transform
+        )
+    noise = _observation_noise(observation_noise, noise_variance, mvn.mean.shape)
+    outcome_tf = getattr(model, "outcome_transform", None)
+    covar = mvn.lazy_covariance_matrix
+    if isinstance(covar, PosteriorCovariance) and (
+        outcome_tf is None or type(outcome_tf) is Standardize
+    ):
+        # Keep the factors: variances stay O(t) per factor column (no t x t matrix).
+        mean = mvn.mean
+        if noise is not None:
+            covar = covar.with_noise(noise)
+        if outcome_tf is not None:
+            scale = outcome_tf.stdvs.reshape(())
+            mean = outcome_tf.means.reshape(()) + scale * mean
+            covar = covar.scaled(scale.square())
+        return _untransform(MultivariateNormal(mean, covar), X_t, None, posterior_transform)
+    if noise is not None:
+        covar = mvn.covariance_matrix + torch.diag_embed(noise)
+        mvn = MultivariateNormal(mvn.mean, DenseLinearOperator(covar))
+    return _untransform(mvn, X_t, getattr(model, "outcome_transform", None), posterior_transform)
+
+
+def _observation_noise(
+    observation_noise: bool | Tensor, noise_variance: Callable[[], Tensor], shape: torch.Size
+) -> Tensor | None:
+    """The noise variances to add at the ``shape`` test points, or ``None`` for none."""
+    if isinstance(observation_noise, Tensor):
+        return observation_noise.squeeze(-1).expand(shape)
+    if observation_noise:
+        return noise_variance().expand(shape)
+    return None
+
+
+def _untransform(
+    mvn: MultivariateNormal,
+    X_t: Tensor,
+    outcome_tf: OutcomeTransform | None,
+    posterior_transform: Any | None,
+) -> GPyTorchPosterior:
+    posterior = GPyTorchPosterior(distribution=mvn)
+    if outcome_tf is not None:
+        posterior = outcome_tf.untransform_posterior(posterior, X=X_t)
+    if posterior_transform is not None:
+        return posterior_transform(posterior=posterior, X=X_t)
+    return posterior
+
+
+def assemble_root_posterior(
+    model: torch.nn.Module,
+    mvn: MultivariateNormal,
+    X_t: Tensor,
+    observation_noise: bool | Tensor,
+    noise_variance: Callable[[], Tensor],
+    posterior_transform: Any | None = None,
+) -> GPyTorchPosterior:
+    r"""Like :func:`assemble_posterior`, for an ``mvn`` whose covariance is a low-rank root.
+
+    Keeps the covariance as ``root root^T (+ diag(noise))`` so that variances stay
+    ``O(k)`` and BoTorch's samplers draw ``k``-dimensional base samples (LOVE). A
+    ``Standardize`` outcome transform scales the root itself, because its generic
+    untransform would wrap the root in a product operator and lose that structure.
+    """
+    mean, root = mvn.mean, mvn.lazy_covariance_matrix.root.to_dense()
+    noise = _observation_noise(observation_noise, noise_variance, mean.shape)
+    outcome_tf = getattr(model, "outcome_transform", None)
+    if type(outcome_tf) is Standardize:
+        scale = outcome_tf.stdvs.reshape(())
+        mean = outcome_tf.means.reshape(()) + scale * mean
+        root = scale * root
+        noise = None if noise is None else noise * scale.square()
+        outcome_tf = None
+    if noise is None:
+        covar = RootLinearOperator(root)
+    else:
+        covar = LowRankRootAddedDiagLinearOperator(
+            LowRankRootLinearOperator(root), DiagLinearOperator(noise)
+        )
+    return _untransform(MultivariateNormal(mean, covar), X_t, outcome_tf, posterior_transform)

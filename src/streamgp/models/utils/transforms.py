@@ -1,0 +1,73 @@
+r"""Frozen transforms: fitted on the constructor's data, applied unchanged to later data.
+
+A streaming model sees its data once. Its transforms are therefore fitted on the data
+given to the constructor and frozen; every later batch (``observe``,
+``condition_on_observations``) passes through the frozen transforms. With
+``Standardize`` this keeps the first batch's mean and scale for the whole stream,
+which is what BoTorch's own ``condition_on_observations`` does.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+from botorch.models.transforms.input import InputTransform
+from botorch.models.transforms.outcome import OutcomeTransform
+from torch import Tensor
+
+
+@contextmanager
+def eval_mode(module: torch.nn.Module | None):
+    r"""Temporarily put ``module`` (may be None) in eval mode."""
+    if module is None:
+        yield
+        return
+    was_training = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(was_training)
+
+
+def fit_frozen_transforms(
+    model: torch.nn.Module,
+    train_X: Tensor,
+    train_Y: Tensor,
+    input_transform: InputTransform | None,
+    outcome_transform: OutcomeTransform | None,
+    train_Yvar: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    r"""Fit the transforms on ``(train_X, train_Y)``, attach them to ``model``, freeze them.
+
+    Returns:
+        The transformed ``(train_X, train_Y, train_Yvar)``.
+    """
+    tkwargs = {"dtype": train_X.dtype, "device": train_X.device}
+    if input_transform is not None:
+        input_transform.to(**tkwargs)
+        with torch.no_grad():
+            train_X = input_transform(train_X) if len(train_X) else train_X
+        input_transform.eval()
+        model.input_transform = input_transform
+    if outcome_transform is not None:
+        outcome_transform.to(**tkwargs)
+        if len(train_Y):
+            train_Y, train_Yvar = outcome_transform(train_Y, train_Yvar, X=train_X)
+        outcome_transform.eval()
+        model.outcome_transform = outcome_transform
+    return train_X, train_Y, train_Yvar
+
+
+def transform_new_data(
+    model: torch.nn.Module, X: Tensor, Y: Tensor | None = None, Yvar: Tensor | None = None
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    r"""Pass new data through ``model``'s frozen input and outcome transforms."""
+    input_tf = getattr(model, "input_transform", None)
+    outcome_tf = getattr(model, "outcome_transform", None)
+    with eval_mode(input_tf), eval_mode(outcome_tf):
+        X_t = input_tf(X) if input_tf is not None else X
+        if Y is not None and outcome_tf is not None:
+            Y, Yvar = outcome_tf(Y, Yvar, X=X_t)
+    return X_t, Y, Yvar

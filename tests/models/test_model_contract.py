@@ -1,0 +1,233 @@
+"""The contract every streamgp model keeps with BoTorch, checked model by model.
+
+Posterior shapes (``q = 1``, ``q = 3``, batched), observation noise, input and outcome
+transforms, a ``state_dict`` round trip, invalid input (an error, and the model left as
+it was) and ``condition_on_observations`` against a dense Gaussian oracle.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from botorch.models.transforms import Normalize, Standardize
+from oracles import DenseSKIModel, gaussian_conditioning, rel_err
+
+from streamgp.models import (
+    DecoupledSVGP,
+    KissGP,
+    LocalGP,
+    OnlineSGPR,
+    OnlineSoftKIGP,
+    OnlineSVGP,
+    SoftKIGP,
+    WiskiGP,
+)
+
+DIM = 2
+BUILDERS = {
+    "WiskiGP": lambda X, Y, **kw: WiskiGP(X, Y, grid_size=8, **kw),
+    "KissGP": lambda X, Y, **kw: KissGP(X, Y, grid_size=8, **kw),
+    "OnlineSGPR": lambda X, Y, **kw: OnlineSGPR(X, Y, num_inducing=8, **kw),
+    "OnlineSVGP": lambda X, Y, **kw: OnlineSVGP(X, Y, num_inducing=8, num_init_steps=3, **kw),
+    "DecoupledSVGP": lambda X, Y, **kw: DecoupledSVGP(
+        X, Y, max_mean_basis=16, max_covar_basis=8, minibatch_size=16, num_init_steps=3, **kw
+    ),
+    "LocalGP": lambda X, Y, **kw: LocalGP(X, Y, n_max=8, **kw),
+    "SoftKIGP": lambda X, Y, **kw: SoftKIGP(X, Y, num_inducing=8, **kw),
+    "OnlineSoftKIGP": lambda X, Y, **kw: OnlineSoftKIGP(
+        X, Y, num_inducing=8, pretrain_epochs=0, **kw
+    ),
+}
+#: Models whose ``condition_on_observations`` is the exact Gaussian update of their
+#: predictive (OnlineSGPR conditions ``q(u)``: its oracle is in test_osgpr.py).
+EXACT_CONDITIONING = (
+    "WiskiGP",
+    "KissGP",
+    "OnlineSVGP",
+    "DecoupledSVGP",
+    "SoftKIGP",
+    "OnlineSoftKIGP",
+)
+
+
+def _data(n: int = 24, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    X = 0.1 + 0.8 * torch.rand(n, DIM, generator=generator, dtype=torch.float64)
+    Y = torch.sin(4 * X).sum(-1, keepdim=True)
+    Y = (Y - Y.mean()) / Y.std()  # already standardized: Standardize() is then the identity
+    return X, Y
+
+
+def _build(name: str, X=None, Y=None, **options):
+    if X is None:
+        X, Y = _data()
+    torch.manual_seed(0)
+    return BUILDERS[name](X, Y, **options)
+
+
+def _test_points(*batch: int, q: int = 3, dim: int = DIM) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(1)
+    return 0.1 + 0.8 * torch.rand(*batch, q, dim, generator=generator, dtype=torch.float64)
+
+
+def _moments(model, X, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.no_grad():
+        posterior = model.posterior(X, **kwargs)
+        return posterior.mean, posterior.variance
+
+
+@pytest.fixture(scope="module", params=list(BUILDERS))
+def built(request):
+    return request.param, _build(request.param)
+
+
+def test_posterior_shapes(built):
+    name, model = built
+    for X, shape in (
+        (_test_points(q=1), (1, 1)),
+        (_test_points(q=3), (3, 1)),
+        (_test_points(4, q=3), (4, 3, 1)),
+    ):
+        mean, variance = _moments(model, X)
+        assert mean.shape == variance.shape == shape, name
+        assert torch.isfinite(mean).all() and (variance > 0).all(), name
+        assert model.posterior(X).distribution.covariance_matrix.shape == (*shape[:-1], shape[-2])
+
+
+def test_observation_noise_adds_the_noise_variance(built):
+    name, model = built
+    X = _test_points(q=3)
+    _, latent = _moments(model, X)
+    _, noisy = _moments(model, X, observation_noise=True)
+    noise = model.noise_variance.detach()
+    assert rel_err(noisy - latent, noise.expand_as(latent)) < 1e-8, name
+    given = torch.full((3, 1), 0.25, dtype=torch.float64)
+    _, explicit = _moments(model, X, observation_noise=given)
+    assert rel_err(explicit - latent, given) < 1e-8, name
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_transforms_act_in_the_original_spaces(name):
+    # Data given in other units through (fixed-bounds) Normalize and Standardize: the
+    # model sees the same transformed data, so it predicts the same, in the new units.
+    X, Y = _data()
+    low, high, scale, shift = -2.0, 3.0, 7.0, 5.0
+    plain = _build(name, X, Y)
+    bounds = torch.tensor([[low] * DIM, [high] * DIM], dtype=torch.float64)
+    transformed = _build(
+        name,
+        low + (high - low) * X,
+        scale * Y + shift,
+        input_transform=Normalize(d=DIM, bounds=bounds),
+        outcome_transform=Standardize(m=1),
+    )
+    X_test = _test_points(q=3)
+    mean, variance = _moments(plain, X_test)
+    mean_t, variance_t = _moments(transformed, low + (high - low) * X_test)
+    assert rel_err(mean_t, scale * mean + shift) < 1e-6, name
+    assert rel_err(variance_t, scale**2 * variance) < 1e-6, name
+
+
+def test_state_dict_round_trip(built):
+    name, model = built
+    other = _build(name)
+    with torch.no_grad():
+        for parameter in other.parameters():
+            parameter.add_(0.1)
+    state = copy.deepcopy(model.state_dict())
+    if name == "KissGP":  # a batch model: torch's load_state_dict
+        other.load_state_dict(state)
+    else:  # restore the whole stream, not only the hyperparameters
+        other.load_state_dict(state, keep_transforms=False)
+    X = _test_points(2, q=3)
+    for a, b in zip(_moments(other, X), _moments(model, X), strict=True):
+        assert rel_err(a, b) < 1e-8, name
+
+
+@pytest.mark.parametrize("bad", ["wrong_d", "nan"])
+def test_bad_input_raises_and_leaves_the_model_unchanged(built, bad):
+    name, model = built
+    X = _test_points(q=3)
+    bad_X = _test_points(q=3, dim=DIM + 1) if bad == "wrong_d" else X.clone()
+    if bad == "nan":
+        bad_X[1, 0] = float("nan")
+    Y = torch.zeros(3, 1, dtype=torch.float64)
+    before_state = {k: v.clone() for k, v in model.state_dict().items()}
+    before = _moments(model, X)
+    with pytest.raises(ValueError):
+        model.posterior(bad_X)
+    if hasattr(model, "observe"):
+        with pytest.raises(ValueError):
+            model.observe(bad_X, Y)
+    if name != "LocalGP":
+        with pytest.raises(ValueError):
+            model.condition_on_observations(bad_X, Y)
+    after_state = model.state_dict()
+    assert before_state.keys() == after_state.keys(), name
+    for key, value in before_state.items():
+        assert torch.equal(value, after_state[key]), (name, key)
+    for a, b in zip(_moments(model, X), before, strict=True):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("name", EXACT_CONDITIONING)
+def test_conditioning_is_the_gaussian_update_of_the_predictive(name):
+    model = _build(name)
+    X_q = _test_points(q=3) * 0.5 + 0.2
+    Y_q = torch.tensor([[0.3], [-0.2], [0.5]], dtype=torch.float64)
+    X_s = _test_points(q=4)
+    mean, covar = (
+        t.detach()
+        for t in (
+            model.posterior(torch.cat([X_q, X_s])).mean.squeeze(-1),
+            model.posterior(torch.cat([X_q, X_s])).distribution.covariance_matrix,
+        )
+    )
+    noise = model.noise_variance.detach().expand(3)
+    expected_mean, expected_covar = gaussian_conditioning(mean, covar, 3, Y_q.squeeze(-1), noise)
+    conditioned = model.condition_on_observations(X_q, Y_q)
+    posterior = conditioned.posterior(X_s)
+    assert rel_err(posterior.mean.squeeze(-1).detach(), expected_mean) < 1e-6, name
+    got_covar = posterior.distribution.covariance_matrix.detach()
+    assert rel_err(got_covar, expected_covar) < 1e-6, name
+
+
+def test_wiski_conditioning_matches_the_dense_ski_oracle():
+    X, Y = _data()
+    model = _build("WiskiGP", X, Y)
+    oracle = DenseSKIModel(model, X, Y.squeeze(-1), None)
+    X_q, Y_q = _test_points(2, q=3), torch.randn(2, 3, 1, dtype=torch.float64)
+    X_s = _test_points(q=4)
+    got = model.condition_on_observations(X_q, Y_q).posterior(X_s)
+    want = oracle.condition_on_observations(X_q, Y_q).posterior(X_s)
+    assert rel_err(got.mean.detach(), want.mean.detach()) < 1e-8
+    assert rel_err(got.variance.detach(), want.variance.detach()) < 1e-8
+
+
+@pytest.mark.parametrize(
+    ("model_cls", "old_name", "options"),
+    [
+        (OnlineSVGP, "learn_inducing_locations", {"num_inducing": 4, "num_init_steps": 0}),
+        (DecoupledSVGP, "learn_basis_locations", {"max_covar_basis": 4, "num_init_steps": 0}),
+    ],
+)
+def test_one_name_for_learning_inducing_points(model_cls, old_name, options):
+    X, Y = _data(12)
+    model = model_cls(X, Y, learn_inducing_points=False, **options)
+    assert not any(p.requires_grad for p in _inducing_parameters(model))
+    with pytest.warns(DeprecationWarning, match=f"{old_name} is deprecated"):
+        old = model_cls(X, Y, **{old_name: False}, **options)
+    assert not any(p.requires_grad for p in _inducing_parameters(old))
+    with (
+        pytest.raises(ValueError, match="learn_inducing_points only"),
+        pytest.warns(DeprecationWarning),
+    ):
+        model_cls(X, Y, learn_inducing_points=True, **{old_name: True}, **options)
+
+
+def _inducing_parameters(model) -> list[torch.Tensor]:
+    if isinstance(model, DecoupledSVGP):
+        return [model.mean_basis, model.covar_basis]
+    return [model.model.variational_strategy.inducing_points]

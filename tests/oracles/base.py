@@ -1,0 +1,56 @@
+r"""What the dense oracles share: BoTorch's posterior from a dense latent posterior."""
+
+from __future__ import annotations
+
+import torch
+from botorch.models.model import FantasizeMixin, Model
+from botorch.posteriors.gpytorch import GPyTorchPosterior
+from gpytorch.distributions import MultivariateNormal
+from torch import Tensor
+
+
+class DenseOracle(Model, FantasizeMixin):
+    r"""A BoTorch model from ``latent(X) -> (mean, covariance)`` and a noise level.
+
+    Subclasses implement :meth:`latent`, :meth:`noise_level` (what
+    ``observation_noise=True`` adds) and ``condition_on_observations``.
+    """
+
+    @property
+    def num_outputs(self) -> int:
+        return 1
+
+    def latent(self, Xs: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def noise_level(self) -> Tensor:
+        raise NotImplementedError
+
+    def posterior(self, X, observation_noise=False, posterior_transform=None, **kwargs):
+        mean, covar = self.latent(X)
+        covar = covar.expand(*mean.shape, mean.shape[-1])
+        if isinstance(observation_noise, Tensor):
+            covar = covar + torch.diag_embed(observation_noise.squeeze(-1).expand(mean.shape))
+        elif observation_noise:
+            covar = covar + self.noise_level() * torch.eye(mean.shape[-1], dtype=mean.dtype)
+        post = GPyTorchPosterior(MultivariateNormal(mean, covar))
+        return posterior_transform(post) if posterior_transform is not None else post
+
+
+def rel_err(a: Tensor, b: Tensor) -> float:
+    """Max absolute error relative to the largest entry of the reference ``b``."""
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
+
+
+def gaussian_conditioning(
+    mean: Tensor, covar: Tensor, q: int, y: Tensor, noise: Tensor
+) -> tuple[Tensor, Tensor]:
+    r"""Condition a joint Gaussian over ``q + t`` points on noisy values of the first ``q``.
+
+    ``mean`` is ``q + t``, ``covar`` ``(q + t) x (q + t)``, ``y`` and ``noise`` ``q``.
+    Returns the mean and covariance of the last ``t`` (dense solves, no structure).
+    """
+    C_qq = covar[:q, :q] + torch.diag(noise)
+    C_sq = covar[q:, :q]
+    gain = torch.linalg.solve(C_qq, C_sq.mT).mT
+    return mean[q:] + gain @ (y - mean[:q]), covar[q:, q:] - gain @ C_sq.mT
