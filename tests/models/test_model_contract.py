@@ -2,7 +2,9 @@
 
 Posterior shapes (``q = 1``, ``q = 3``, batched), observation noise, input and outcome
 transforms, a ``state_dict`` round trip, invalid input (an error, and the model left as
-it was) and ``condition_on_observations`` against a dense Gaussian oracle.
+it was), ``condition_on_observations`` against a dense Gaussian oracle, and qNIPV / qKG
+values against a dense fantasy oracle (``JointGaussianOracle``: the model's own joint
+posterior, conditioned by dense Gaussian algebra).
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import copy
 
 import pytest
 import torch
+from botorch.acquisition import qKnowledgeGradient, qNegIntegratedPosteriorVariance
 from botorch.models.transforms import Normalize, Standardize
-from oracles import DenseSKIModel, gaussian_conditioning, rel_err
+from botorch.sampling import SobolQMCNormalSampler
+from oracles import DenseSKIModel, JointGaussianOracle, gaussian_conditioning, rel_err
 
 from streamgp.models import (
     DecoupledSVGP,
@@ -192,6 +196,57 @@ def test_conditioning_is_the_gaussian_update_of_the_predictive(name):
     assert rel_err(posterior.mean.squeeze(-1).detach(), expected_mean) < 1e-6, name
     got_covar = posterior.distribution.covariance_matrix.detach()
     assert rel_err(got_covar, expected_covar) < 1e-6, name
+
+
+#: Models with ``fantasize`` (LocalGP has none). All but OnlineSGPR condition their
+#: predictive exactly; OnlineSGPR's observations see ``f`` only through ``u`` (the
+#: projected process), so its fantasies are the exact update of the joint of
+#: ``[E[f | u](X_c), f(X_s)]``: its predictive minus the Nystrom residual on the blocks
+#: of the conditioning points (the oracle's ``residual``).
+FANTASIZING = (*EXACT_CONDITIONING, "OnlineSGPR")
+
+
+def _projected_process_residual(model):
+    r"""``K - K_.Z (K_ZZ + jitter)^{-1} K_Z.``: the covariance of ``f`` that ``u`` misses."""
+    sparse = model.sparse_posterior()
+    Z, L, kernel = sparse.points, sparse.chol, model.covar_module
+
+    def residual(X1: torch.Tensor, X2: torch.Tensor) -> torch.Tensor:
+        Z_b = Z.expand(*X1.shape[:-2], *Z.shape)
+        K_1Z, K_Z2 = kernel(X1, Z_b).to_dense(), kernel(Z_b, X2).to_dense()
+        return kernel(X1, X2).to_dense() - K_1Z @ torch.cholesky_solve(K_Z2, L)
+
+    return residual
+
+
+def _sobol(n: int) -> SobolQMCNormalSampler:
+    return SobolQMCNormalSampler(sample_shape=torch.Size([n]), seed=1)
+
+
+@pytest.mark.parametrize("acquisition", ["qNIPV", "qKG"])
+@pytest.mark.parametrize("name", FANTASIZING)
+def test_lookahead_acquisitions_match_the_dense_fantasy_oracle(name, acquisition):
+    # Candidates b x q x d (plus qKG's fantasy solutions); the oracle draws the same
+    # fantasies (it is the model until conditioned) and conditions them densely.
+    model = _build(name)
+    residual = _projected_process_residual(model) if name == "OnlineSGPR" else None
+    oracle = JointGaussianOracle(model, residual)
+    mc_points = _test_points(q=16)
+
+    def build(m):
+        if acquisition == "qNIPV":
+            return qNegIntegratedPosteriorVariance(m, mc_points=mc_points, sampler=_sobol(1))
+        return qKnowledgeGradient(m, num_fantasies=4, sampler=_sobol(4))
+
+    acq, acq_oracle = build(model), build(oracle)
+    q = 2
+    q_total = acq.get_augmented_q_batch_size(q) if acquisition == "qKG" else q
+    X = _test_points(3, q=q_total) * 0.5 + 0.2
+    with torch.no_grad():
+        values, expected = acq(X), acq_oracle(X)
+    assert values.shape == expected.shape == (3,), name
+    assert torch.isfinite(values).all(), name
+    assert rel_err(values, expected) < 1e-8, (name, rel_err(values, expected))
 
 
 def test_wiski_conditioning_matches_the_dense_ski_oracle():

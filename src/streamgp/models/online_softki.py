@@ -60,22 +60,17 @@ from typing import Any
 import torch
 from botorch.models.transforms.input import InputTransform
 from botorch.models.transforms.outcome import OutcomeTransform, Standardize
-from botorch.models.utils.gpytorch_modules import (
-    get_covar_module_with_dim_scaled_prior,
-    get_gaussian_likelihood_with_lognormal_prior,
-)
 from gpytorch.constraints import GreaterThan
 from gpytorch.kernels import Kernel
-from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
+from gpytorch.likelihoods import GaussianLikelihood
 from torch import Tensor
 
 from streamgp.interpolation.grid import InterpolationWeights
 from streamgp.interpolation.softmax import DenseInterpolationWeights, softmax_interpolation
 from streamgp.linalg.grid_kernel import GridKernelRoot, point_kernel_root
-from streamgp.linalg.statistics import GridStatistics
 from streamgp.linalg.woodbury import GridPosterior
 from streamgp.models.softki import DEFAULT_NUM_INDUCING, SoftKIGP
-from streamgp.models.utils import fit_frozen_transforms, parameter_snapshot
+from streamgp.models.utils import parameter_snapshot
 from streamgp.models.wiski import WiskiGP
 from streamgp.utils.validation import (
     check_count,
@@ -287,50 +282,41 @@ class OnlineSoftKIGP(WiskiGP):
                 f"covar_module must be a gpytorch Kernel, got {type(covar_module).__name__}."
             )
 
-        # WiskiGP's constructor builds a grid; the softmax points replace it, and the rest
-        # of WiskiGP (statistics, updates, conditioning, likelihood) is used as it is.
-        super(WiskiGP, self).__init__()
-        self.extrapolation = "nearest"  # softmax weights are defined everywhere
-        tkwargs = {"dtype": train_X.dtype, "device": train_X.device}
-        X_t, Y_t, Yvar_t = fit_frozen_transforms(
-            self, train_X, train_Y, input_transform, outcome_transform, train_Yvar
-        )
-        if covar_module is None:
-            covar_module = get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
-        self.covar_module = covar_module.to(**tkwargs)
-        self.fixed_noise = train_Yvar is not None
-        if self.fixed_noise:
-            self.likelihood = FixedNoiseGaussianLikelihood(
-                noise=Yvar_t.mean().reshape(1) if n else torch.ones(1, **tkwargs)
-            ).to(**tkwargs)
-        else:
-            self.likelihood = (
-                get_gaussian_likelihood_with_lognormal_prior() if likelihood is None else likelihood
-            ).to(**tkwargs)
-        self.structured = False  # a dense m x m root, always
-        self.data_space_limit = 0  # grid space from the start (dense W has no data space)
-        self.keep_data = keep_data
-        y = Y_t.squeeze(-1).detach()
-        noise = None if Yvar_t is None else Yvar_t.squeeze(-1).detach()
+        def learn_interpolation(
+            X_t: Tensor, y: Tensor, noise: Tensor | None
+        ) -> SoftmaxPointInterpolation:
+            # Called by WiskiGP's constructor once the kernel and likelihood exist: the
+            # softmax points replace the grid, the rest of WiskiGP is used as it is.
+            X_t, y = X_t.detach(), y.detach()
+            noise = None if noise is None else noise.detach()
+            points, temp = self._learn_points(
+                X_t,
+                y,
+                noise,
+                num_inducing=num_inducing,
+                inducing_points=inducing_points,
+                temperature=temperature,
+                squared_distance=squared_distance,
+                num_epochs=pretrain_epochs,
+                fit_options=pretrain_options,
+                seed=seed,
+            )
+            self._kept: list[tuple[Tensor, Tensor, Tensor | None]] = []
+            if keep_data and n:
+                self._kept = [(X_t.clone(), y.clone(), noise)]
+            return SoftmaxPointInterpolation(points, temp, top_k, squared_distance)
 
-        points, temp = self._learn_points(
-            X_t.detach(),
-            y,
-            noise,
-            num_inducing=num_inducing,
-            inducing_points=inducing_points,
-            temperature=temperature,
-            squared_distance=squared_distance,
-            num_epochs=pretrain_epochs,
-            fit_options=pretrain_options,
-            seed=seed,
+        super().__init__(
+            train_X,
+            train_Y,
+            train_Yvar,
+            likelihood,
+            covar_module,
+            outcome_transform,
+            input_transform,
+            interpolation=learn_interpolation,
         )
-        self.interpolation = SoftmaxPointInterpolation(points, temp, top_k, squared_distance)
-        self._kept: list[tuple[Tensor, Tensor, Tensor | None]] = []
-        self._clear_caches()
-        self._set_statistics(self._statistics_of(self.interpolation, X_t.detach(), y, noise))
-        if keep_data and n:
-            self._kept = [(X_t.detach().clone(), y.clone(), None if noise is None else noise)]
+        self.keep_data = keep_data
 
     # ---------------------------------------------------------- interpolation
     @property
@@ -410,24 +396,6 @@ class OnlineSoftKIGP(WiskiGP):
         if num_epochs > 0:
             softki.fit(num_epochs=num_epochs, **fit_options)
         return softki.inducing_points.detach().clone(), softki.temperature.detach().clone()
-
-    def _statistics_of(
-        self,
-        interpolation: SoftmaxPointInterpolation,
-        X_t: Tensor,
-        y: Tensor,
-        noise: Tensor | None,
-    ) -> GridStatistics:
-        r"""Grid statistics of transformed rows, in chunks (memory ``O(chunk m)``)."""
-        statistics = GridStatistics.empty(interpolation.num_grid, y, self.fixed_noise, False)
-        with torch.no_grad():
-            for start in range(0, len(y), self.STATISTICS_CHUNK):
-                rows = slice(start, start + self.STATISTICS_CHUNK)
-                weights = interpolation.weights(X_t[rows])
-                statistics = statistics.add(
-                    weights, y[rows], None if noise is None else noise[rows]
-                )
-        return statistics
 
     # ------------------------------------------------------------ raw data
     def kept_data(self) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -538,7 +506,7 @@ class OnlineSoftKIGP(WiskiGP):
         )
         # A new module (views made earlier keep the old points and statistics).
         interpolation = SoftmaxPointInterpolation(points, temp, self.top_k, self.squared_distance)
-        statistics = self._statistics_of(interpolation, X_t, y, noise)
+        statistics = self._grid_statistics(interpolation, X_t, y, noise)
         self.interpolation = interpolation
         self._clear_caches()
         self._set_statistics(statistics)

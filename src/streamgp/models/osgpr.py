@@ -76,11 +76,14 @@ from streamgp.linalg.sparse_gp import (
 from streamgp.linalg.woodbury import LowRankCorrection
 from streamgp.models.base import StreamingModelMixin
 from streamgp.models.utils import (
+    MutableState,
+    TransactionalMixin,
     conditioning_noise,
     correction_batch_shape,
     parameter_snapshot,
     parameters_unchanged,
     shallow_view,
+    transaction,
     transform_new_data,
 )
 from streamgp.utils.validation import (
@@ -113,7 +116,7 @@ def _invalidate_after_load(module: OnlineSGPR, incompatible_keys: Any) -> None:
     module._invalidate()
 
 
-class OnlineSGPR(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
+class OnlineSGPR(StreamingModelMixin, TransactionalMixin, GPyTorchModel, GP, FantasizeMixin):
     r"""Streaming collapsed sparse variational GP (O-SGPR) with closed-form conditioning.
 
     Args:
@@ -158,6 +161,15 @@ class OnlineSGPR(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
     """
 
     _num_outputs = 1
+    #: What a failed update restores: the summary buffers (resized with the inducing
+    #: set), the parameters (optimised in place), the inducing selector's state and the
+    #: random stream of the inducing-point rule.
+    mutable_state = MutableState(
+        attributes=_STATE_BUFFERS,
+        modules=("",),
+        generators=("_generator",),
+        objects=("inducing_selector",),
+    )
 
     def __init__(
         self,
@@ -484,14 +496,7 @@ class OnlineSGPR(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         """
         self._refresh_last_batch()
         summary = self.pseudo_observations
-        saved_state = {
-            k: v.detach().clone() if torch.is_tensor(v) else v for k, v in self.state_dict().items()
-        }
-        saved_selector = (
-            None if self.inducing_selector is None else dict(self.inducing_selector.__dict__)
-        )
-        saved_generator = self._generator.get_state()
-        try:
+        with transaction(self):
             Z, shared = self._next_inducing_points(X_t) if inducing is None else inducing
             if self.steps_per_batch > 0:
                 Z = self._optimize(X_t, y, Z, shared)
@@ -503,12 +508,6 @@ class OnlineSGPR(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
                     "hyperparameters may have diverged (lower lr) or K_ZZ is too "
                     "ill-conditioned (raise jitter)."
                 )
-        except Exception:
-            self._restore_buffers(saved_state)
-            if saved_selector is not None:
-                self.inducing_selector.__dict__.update(saved_selector)
-            self._generator.set_state(saved_generator)
-            raise
         self._set_pseudo_observations(factor)
         self.num_observed = self.num_observed + X_t.shape[0]
         self.last_bound = bound.detach()
@@ -579,10 +578,7 @@ class OnlineSGPR(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         self._refresh_last_batch()
         return super().state_dict(*args, **kwargs)
 
-    def _restore_buffers(self, state: dict[str, Tensor]) -> None:
-        for name in _STATE_BUFFERS:
-            setattr(self, name, state[name])
-        torch.nn.Module.load_state_dict(self, state)
+    def _after_rollback(self) -> None:
         self._invalidate()
 
     # ------------------------------------------------------------ BoTorch API

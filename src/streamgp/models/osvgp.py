@@ -84,6 +84,7 @@ from streamgp.linalg.variational import (
 )
 from streamgp.models.base import StreamingModelMixin
 from streamgp.models.utils import (
+    MutableState,
     append_conditioning,
     check_latent_only,
     condition_joint,
@@ -247,6 +248,12 @@ class OnlineSVGP(StreamingModelMixin, PersistentOptimizerMixin, GPyTorchModel, G
         "model.variational_strategy.",
         "input_transform.",
         "outcome_transform.",
+    )
+    #: What a failed update restores (``O(M^2)`` copies): the variational strategy
+    #: (replaced with a new inducing set), the parameters and the streaming state.
+    mutable_state = MutableState(
+        attributes=("model.variational_strategy", "frozen_posterior", "num_observed", "last_batch"),
+        modules=("model", "likelihood"),
     )
 
     def __init__(
@@ -646,27 +653,8 @@ class OnlineSVGP(StreamingModelMixin, PersistentOptimizerMixin, GPyTorchModel, G
                 "the model it was conditioned from."
             )
 
-    def _snapshot(self) -> tuple:
-        r"""What :meth:`_restore` needs to undo a failed update (``O(M^2)`` copies)."""
-        modules = (self.model, self.likelihood)
-        states = [{k: v.clone() for k, v in m.state_dict().items()} for m in modules]
-        return (
-            self.model.variational_strategy,
-            states,
-            self.frozen_posterior,
-            self.num_observed,
-            self.last_batch,
-        )
-
-    def _restore(self, snapshot: tuple) -> None:
-        strategy, states, frozen, num_observed, last_batch = snapshot
-        self.model.variational_strategy = strategy
-        for module, state in zip((self.model, self.likelihood), states, strict=True):
-            module.load_state_dict(state)
-        self.frozen_posterior = frozen
-        self.num_observed = num_observed
-        self.last_batch = last_batch
-        self._optimizer = None
+    def _after_rollback(self) -> None:
+        super()._after_rollback()
         self.model.eval()
         self.likelihood.eval()
         self.model.variational_strategy._clear_cache()

@@ -81,12 +81,15 @@ from streamgp.linalg.posterior_covariance import PosteriorCovariance
 from streamgp.linalg.woodbury import GridPosterior, LowRankCorrection
 from streamgp.models.base import StreamingModelMixin
 from streamgp.models.utils import (
+    MutableState,
+    TransactionalMixin,
     conditioning_noise,
     correction_batch_shape,
     fit_frozen_transforms,
     parameter_snapshot,
     parameters_unchanged,
     shallow_view,
+    transaction,
     transform_new_data,
 )
 from streamgp.utils.validation import (
@@ -255,7 +258,7 @@ def _invalidate_after_load(module: SoftKIGP, incompatible_keys: Any) -> None:
     module._invalidate()
 
 
-class SoftKIGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
+class SoftKIGP(StreamingModelMixin, TransactionalMixin, GPyTorchModel, GP, FantasizeMixin):
     r"""Batch SoftKI Gaussian process: kernel ``W K_zz W^T`` on learned softmax points.
 
     Args:
@@ -291,6 +294,8 @@ class SoftKIGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
 
     _num_outputs = 1
     data_state_prefixes = _DATA_KEY_PREFIXES
+    #: What a failed :meth:`fit` restores: the parameters it optimises in place.
+    mutable_state = MutableState(modules=("",))
 
     def __init__(
         self,
@@ -573,7 +578,6 @@ class SoftKIGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
             for p in self.parameters()
             if p.requires_grad and (learn_noise or id(p) not in noise_params)
         ]
-        saved = {k: v.detach().clone() for k, v in self.state_dict().items()}
         _, bounds = get_parameters_and_bounds(self)
         named = dict(self.named_parameters())
         generator = None
@@ -584,48 +588,48 @@ class SoftKIGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         history: list[float] = []
         self.train()
         try:
-            for _ in range(num_epochs):
-                order = torch.randperm(n, generator=generator, device=self.train_X_t.device)
-                total = 0.0
-                for start in range(0, n, batch_size):
-                    index = order[start : start + batch_size]
-                    optimizer.zero_grad()
-                    try:
-                        loss = self.pseudo_loss(
-                            self.train_X_t[index], self.train_y_t[index], num_probes, generator
-                        )
-                    except torch.linalg.LinAlgError as error:  # e.g. K_zz overflowed
-                        loss = torch.tensor(math.nan)
-                        failure = error
-                    else:
-                        failure = None
-                    if not torch.isfinite(loss):
-                        if failure is not None:
+            with transaction(self):
+                for _ in range(num_epochs):
+                    order = torch.randperm(n, generator=generator, device=self.train_X_t.device)
+                    total = 0.0
+                    for start in range(0, n, batch_size):
+                        index = order[start : start + batch_size]
+                        optimizer.zero_grad()
+                        try:
+                            loss = self.pseudo_loss(
+                                self.train_X_t[index], self.train_y_t[index], num_probes, generator
+                            )
+                        except torch.linalg.LinAlgError as error:  # e.g. K_zz overflowed
+                            loss = torch.tensor(math.nan)
+                            failure = error
+                        else:
+                            failure = None
+                        if not torch.isfinite(loss):
+                            if failure is not None:
+                                raise ValueError(
+                                    "The SoftKI pseudo-loss is not finite (a factorisation "
+                                    "failed); the hyperparameters may have diverged (lower lr)."
+                                ) from failure
                             raise ValueError(
-                                "The SoftKI pseudo-loss is not finite (a factorisation "
-                                "failed); the hyperparameters may have diverged (lower lr)."
-                            ) from failure
-                        raise ValueError(
-                            "The SoftKI pseudo-loss is not finite; the hyperparameters may "
-                            "have diverged (lower lr)."
-                        )
-                    loss.backward()
-                    optimizer.step()
-                    # BoTorch's constraints without a transform (e.g. the noise floor)
-                    # are bounds the optimizer must enforce.
-                    with torch.no_grad():
-                        for name, (lower, upper) in bounds.items():
-                            named[name].clamp_(min=lower, max=upper)
-                    total += loss.item() * len(index)
-                history.append(total / n)
-        except Exception:
-            torch.nn.Module.load_state_dict(self, saved)
-            self._invalidate()
-            raise
+                                "The SoftKI pseudo-loss is not finite; the hyperparameters may "
+                                "have diverged (lower lr)."
+                            )
+                        loss.backward()
+                        optimizer.step()
+                        # BoTorch's constraints without a transform (e.g. the noise floor)
+                        # are bounds the optimizer must enforce.
+                        with torch.no_grad():
+                            for name, (lower, upper) in bounds.items():
+                                named[name].clamp_(min=lower, max=upper)
+                        total += loss.item() * len(index)
+                    history.append(total / n)
         finally:
             self.eval()
         self._invalidate()
         return history
+
+    def _after_rollback(self) -> None:
+        self._invalidate()
 
     # ------------------------------------------------------------ BoTorch API
     @property

@@ -76,6 +76,7 @@ from streamgp.linalg.decoupled import (
 from streamgp.models.base import StreamingModelMixin
 from streamgp.models.osvgp import _check_binary, _check_likelihood
 from streamgp.models.utils import (
+    MutableState,
     append_conditioning,
     check_latent_only,
     condition_joint,
@@ -168,6 +169,15 @@ class DecoupledSVGP(
     #: The bases and variational parameters summarise the data; kernel, mean and
     #: likelihood parameters are the hyperparameters a warm start loads.
     data_state_prefixes = (*_VARIATIONAL, "input_transform.", "outcome_transform.")
+    #: What a failed update restores (``O(M_alpha + M_beta^2)``): the variational
+    #: parameters (grown bases are new tensors), the hyperparameters, the replay set,
+    #: the counters and the random stream.
+    mutable_state = MutableState(
+        attributes=("_replay_X", "_replay_y", "num_observed", "num_optimizer_steps"),
+        parameters=_VARIATIONAL,
+        modules=("covar_module", "mean_module", "likelihood"),
+        generators=("_generator",),
+    )
 
     def __init__(
         self,
@@ -614,35 +624,8 @@ class DecoupledSVGP(
         self._guarded(lambda: self._absorb(X_t, Y_t.squeeze(-1), num_steps))
         return self
 
-    def _snapshot(self) -> tuple:
-        r"""What :meth:`_restore` needs to undo a failed update (``O(M_alpha + M_beta^2)``)."""
-        parameters = {name: getattr(self, name) for name in _VARIATIONAL}
-        modules = (self.covar_module, self.mean_module, self.likelihood)
-        states = [{k: v.clone() for k, v in m.state_dict().items()} for m in modules]
-        values = {name: p.detach().clone() for name, p in parameters.items()}
-        return (
-            parameters,
-            values,
-            states,
-            self._replay_X,
-            self._replay_y,
-            (self.num_observed, self.num_optimizer_steps),
-            self._generator.get_state(),
-        )
-
-    def _restore(self, snapshot: tuple) -> None:
-        parameters, values, states, replay_X, replay_y, counters, generator = snapshot
-        with torch.no_grad():
-            for name, parameter in parameters.items():
-                parameter.copy_(values[name])
-                setattr(self, name, parameter)
-        modules = (self.covar_module, self.mean_module, self.likelihood)
-        for module, state in zip(modules, states, strict=True):
-            module.load_state_dict(state)
-        self._replay_X, self._replay_y = replay_X, replay_y
-        self.num_observed, self.num_optimizer_steps = counters
-        self._generator.set_state(generator)
-        self._optimizer = None
+    def _after_rollback(self) -> None:
+        super()._after_rollback()
         self.eval()
 
     # ------------------------------------------------------------ BoTorch API

@@ -57,13 +57,25 @@ kernels only), and the grid posterior itself is the LOVE root of
 :func:`streamgp.linalg.structured.structured_grid_posterior`, rebuilt lazily from
 the statistics after ``observe`` (cost independent of ``n``). The marginal
 likelihood is not available for them (fit hyperparameters on a coarser grid).
+
+References:
+
+.. [Stanton2021] S. Stanton, W. J. Maddox, I. Delbridge, A. G. Wilson. Kernel
+    Interpolation for Scalable Online Gaussian Processes. International Conference on
+    Artificial Intelligence and Statistics, 2021.
+.. [Wilson2015] A. G. Wilson, H. Nickisch. Kernel Interpolation for Scalable
+    Structured Gaussian Processes (KISS-GP). International Conference on Machine
+    Learning, 2015.
+.. [Pleiss2018] G. Pleiss, J. Gardner, K. Q. Weinberger, A. G. Wilson. Constant-Time
+    Predictive Distributions for Gaussian Processes. International Conference on
+    Machine Learning, 2018.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -102,7 +114,15 @@ from streamgp.linalg.woodbury import (
     update_root,
 )
 from streamgp.models.base import StreamingModelMixin
-from streamgp.models.utils import fit_frozen_transforms, shallow_view, transform_new_data
+from streamgp.models.utils import (
+    conditioning_noise,
+    correction_batch_shape,
+    fit_frozen_transforms,
+    parameter_snapshot,
+    parameters_unchanged,
+    shallow_view,
+    transform_new_data,
+)
 from streamgp.utils.validation import (
     check_choice,
     check_conditioning_data,
@@ -199,6 +219,16 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
             and ``n x n`` matrices); past it they are folded into grid statistics
             for good. Default: ``min(m, MAX_DENSE_GRID)``, where the two costs cross.
             0 keeps the model in grid space from the start.
+        interpolation: Instead of the regular grid, a function of the transformed
+            training data ``(X, y, noise)`` (``noise`` None for learned noise) that
+            returns the interpolation: an object with the grid interpolation's interface
+            (``weights``, ``num_grid``, ``grid_size``, ``dim``, ``bounds``,
+            ``check_inside``, ``prediction_inputs``). It is called once the kernel and
+            the likelihood exist, so it may learn the interpolation with them (as
+            :class:`~streamgp.models.OnlineSoftKIGP` does). The model then keeps grid
+            statistics from the start, with a dense root; a subclass whose points are not
+            a grid also overrides :meth:`kernel_root`. Not with ``grid_size``,
+            ``grid_bounds`` or ``data_space_limit``.
 
     Example:
         >>> from botorch.models.transforms import Normalize, Standardize
@@ -237,9 +267,16 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         grid_bounds: Tensor | None = None,
         extrapolation: str = "nearest",
         data_space_limit: int | None = None,
+        interpolation: Callable[[Tensor, Tensor, Tensor | None], Any] | None = None,
     ) -> None:
         check_grid_model_data(train_X, train_Y, train_Yvar, likelihood)
-        check_grid_input_transform(input_transform)
+        if interpolation is None:
+            check_grid_input_transform(input_transform)
+        elif grid_size is not None or grid_bounds is not None or data_space_limit is not None:
+            raise ValueError(
+                "grid_size, grid_bounds and data_space_limit describe the grid; pass none of "
+                "them with an interpolation."
+            )
         check_choice(extrapolation, "extrapolation", EXTRAPOLATION_POLICIES)
         super().__init__()
         self.extrapolation = extrapolation
@@ -253,9 +290,6 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
 
         if covar_module is None:
             covar_module = get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
-        self.interpolation, self.structured = build_grid(
-            train_X, transformed_X, grid_bounds, grid_size, covar_module, self.MAX_DENSE_GRID
-        )
         self.covar_module = covar_module.to(**tkwargs)
         self.fixed_noise = train_Yvar is not None
         if self.fixed_noise:
@@ -268,26 +302,49 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
                 get_gaussian_likelihood_with_lognormal_prior() if likelihood is None else likelihood
             ).to(**tkwargs)
 
-        m = self.interpolation.num_grid
-        if data_space_limit is None:
-            data_space_limit = self.DATA_SPACE_LIMIT
-        if data_space_limit is None:
-            data_space_limit = min(m, self.MAX_DENSE_GRID)
-        self.data_space_limit = check_count(data_space_limit, "data_space_limit", minimum=0)
-        self._clear_caches()
         y_all = train_Y.squeeze(-1)
         noise_all = None if train_Yvar is None else train_Yvar.squeeze(-1)
-        if len(train_X) <= self.data_space_limit:
+        if interpolation is None:
+            self.interpolation, self.structured = build_grid(
+                train_X,
+                transformed_X,
+                grid_bounds,
+                grid_size,
+                self.covar_module,
+                self.MAX_DENSE_GRID,
+            )
+            if data_space_limit is None:
+                data_space_limit = self.DATA_SPACE_LIMIT
+            if data_space_limit is None:
+                data_space_limit = min(self.interpolation.num_grid, self.MAX_DENSE_GRID)
+        else:  # grid space from the start, with a dense root
+            self.interpolation = interpolation(transformed_X, y_all, noise_all)
+            self.structured = False
+            data_space_limit = 0
+        self.data_space_limit = check_count(data_space_limit, "data_space_limit", minimum=0)
+        self._clear_caches()
+        if interpolation is None and len(train_X) <= self.data_space_limit:
             statistics = DataStatistics.empty(self.interpolation.grid_size, y_all, self.fixed_noise)
             statistics = statistics.add(self.interpolation.weights(transformed_X), y_all, noise_all)
         else:  # large initial data sets are absorbed in chunks to bound memory
-            statistics = GridStatistics.empty(m, y_all, self.fixed_noise, sparse=self.structured)
-            for start in range(0, len(train_X), self.STATISTICS_CHUNK):
-                rows = slice(start, start + self.STATISTICS_CHUNK)
-                noise = None if noise_all is None else noise_all[rows]
-                weights = self.interpolation.weights(transformed_X[rows])
-                statistics = statistics.add(weights, y_all[rows], noise)
+            statistics = self._grid_statistics(self.interpolation, transformed_X, y_all, noise_all)
         self._set_statistics(statistics)
+
+    def _grid_statistics(
+        self, interpolation: Any, X_t: Tensor, y: Tensor, noise: Tensor | None
+    ) -> GridStatistics:
+        r"""Grid statistics of transformed rows, ``STATISTICS_CHUNK`` rows at a time."""
+        statistics = GridStatistics.empty(
+            interpolation.num_grid, y, self.fixed_noise, sparse=self.structured
+        )
+        with torch.no_grad():
+            for start in range(0, len(y), self.STATISTICS_CHUNK):
+                rows = slice(start, start + self.STATISTICS_CHUNK)
+                weights = interpolation.weights(X_t[rows])
+                statistics = statistics.add(
+                    weights, y[rows], None if noise is None else noise[rows]
+                )
+        return statistics
 
     # ------------------------------------------------------------------ state
     def _clear_caches(self) -> None:
@@ -477,11 +534,8 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         return list(self.parameters())
 
     def _caches_valid(self) -> bool:
-        if self._posterior is None or self._hyper_snapshot is None:
-            return False
-        current = self._hyperparameters()
-        return len(current) == len(self._hyper_snapshot) and all(
-            torch.equal(a, b) for a, b in zip(current, self._hyper_snapshot, strict=True)
+        return self._posterior is not None and parameters_unchanged(
+            self._hyperparameters(), self._hyper_snapshot
         )
 
     def exact_posterior(self) -> GridPosterior | DataPosterior:
@@ -501,7 +555,7 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
                 self._posterior = statistics.posterior(
                     self.kernel_root(), self.noise_variance, tol=self.love_tolerance
                 )
-                self._hyper_snapshot = [p.detach().clone() for p in self._hyperparameters()]
+                self._hyper_snapshot = parameter_snapshot(self._hyperparameters())
             # Replay conditioning (keeps gradients w.r.t. the conditioning inputs).
             self._correction = None
             for X_q, y_q, noise_q in self._conditioning_log:
@@ -573,9 +627,7 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         weights = functools.reduce(lambda a, b: a.cat(b), [w for w, _, _ in rows])
         y_all = torch.cat([y_q for _, y_q, _ in rows], dim=-1)
         noise_all = torch.cat([noise_q for _, _, noise_q in rows], dim=-1)
-        statistics = self._statistics.add(
-            weights, y_all, noise_all if self.fixed_noise else None
-        )
+        statistics = self._statistics.add(weights, y_all, noise_all if self.fixed_noise else None)
         with torch.no_grad():
             if isinstance(posterior, GridPosterior):
                 posterior = fold_low_rank(posterior, correction.V, correction.gamma)
@@ -662,9 +714,7 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
 
     @property
     def batch_shape(self) -> torch.Size:
-        if self._correction is None:
-            return torch.Size([])
-        return self._correction.gamma.shape[:-1]
+        return correction_batch_shape(self._correction)
 
     def _set_transformed_inputs(self) -> None:
         # Inputs are transformed when they arrive; no training inputs are stored.
@@ -854,10 +904,7 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         self.interpolation.check_inside(X_t, "X")
         posterior = self.exact_posterior()
         y = Y_t.squeeze(-1)
-        if noise is None:
-            noise_q = self.noise_variance.detach().expand(X.shape[:-1])
-        else:
-            noise_q = noise.squeeze(-1)
+        noise_q = conditioning_noise(noise, self, X)
         correction = self._current_correction().condition(
             posterior, self.interpolation.weights(X_t), y, noise_q
         )

@@ -15,13 +15,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from streamgp.models.utils.transaction import TransactionalMixin, transaction
 
-class PersistentOptimizerMixin:
+
+class PersistentOptimizerMixin(TransactionalMixin):
     r"""An optimizer built lazily and kept across batches while its parameters persist.
 
     A class using it calls :meth:`_init_optimizer` in its constructor and implements
     :meth:`_trainable_parameters`; :meth:`_get_optimizer` then returns the optimizer
-    for the next step.
+    for the next step. Its updates run in :meth:`_guarded`, which restores the model's
+    declared :attr:`mutable_state` if they fail.
     """
 
     optimizer_cls: type[torch.optim.Optimizer]
@@ -81,26 +84,23 @@ class PersistentOptimizerMixin:
             if optimizer is not None:
                 optimizer.load_state_dict(state)
 
-    def _snapshot(self) -> Any:
-        r"""What :meth:`_restore` needs to undo a failed update."""
-        raise NotImplementedError
-
-    def _restore(self, snapshot: Any) -> None:
-        raise NotImplementedError
+    def _after_rollback(self) -> None:
+        # The optimizer's state saw the failed steps: the next step builds a new one.
+        self._optimizer = None
 
     def _guarded(self, update: Callable[[], Any]) -> None:
-        r"""Run ``update``; restore the model if it raises or leaves non-finite parameters."""
-        snapshot = self._snapshot()
-        try:
+        r"""Run ``update``; restore the model if it raises or leaves non-finite parameters.
+
+        A :func:`~streamgp.models.utils.transaction.transaction` over the model's
+        :attr:`mutable_state`.
+        """
+        with transaction(self):
             update()
             if not all(torch.isfinite(p).all() for p in self._trainable_parameters()):
                 raise RuntimeError(
                     "The update produced non-finite parameters (the optimizer diverged); "
                     "the model was restored. Lower the learning rate."
                 )
-        except Exception:
-            self._restore(snapshot)
-            raise
 
     def custom_fit(
         self,

@@ -1,4 +1,4 @@
-r"""What every streamgp model shares: posterior template, frozen transforms, views, caches.
+r"""What every streamgp model shares: posterior template, transforms, views, caches, rollback.
 
 - :mod:`~streamgp.models.utils.posterior`: BoTorch's ``posterior`` as one template
   (:class:`PosteriorMixin`) and the assembly of a latent posterior into BoTorch's
@@ -7,6 +7,8 @@ r"""What every streamgp model shares: posterior template, frozen transforms, vie
   constructor's data and then frozen.
 - :mod:`~streamgp.models.utils.views`: conditioned models as views (no copies).
 - :mod:`~streamgp.models.utils.cache`: caches valid while the hyperparameters are.
+- :mod:`~streamgp.models.utils.transaction`: updates that leave the model as it was
+  when they fail.
 """
 
 from streamgp.models.utils.cache import parameter_snapshot, parameters_unchanged
@@ -16,6 +18,7 @@ from streamgp.models.utils.posterior import (
     assemble_root_posterior,
     check_latent_only,
 )
+from streamgp.models.utils.transaction import MutableState, TransactionalMixin, transaction
 from streamgp.models.utils.transforms import eval_mode, fit_frozen_transforms, transform_new_data
 from streamgp.models.utils.views import (
     append_conditioning,
@@ -27,7 +30,9 @@ from streamgp.models.utils.views import (
 )
 
 __all__ = [
+    "MutableState",
     "PosteriorMixin",
+    "TransactionalMixin",
     "append_conditioning",
     "assemble_posterior",
     "assemble_root_posterior",
@@ -41,5 +46,6 @@ __all__ = [
     "parameter_snapshot",
     "parameters_unchanged",
     "shallow_view",
+    "transaction",
     "transform_new_data",
 ]
