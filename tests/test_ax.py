@@ -164,3 +164,23 @@ def test_a_client_with_a_streamgp_model_saves_and_loads(tmp_path):
     loaded = Client.load_from_json_file(str(path))
     _run(loaded, 1)  # the loaded strategy rebuilds the WiskiGP and proposes a trial
     assert len(loaded._experiment.trials) == NUM_INITIAL + 3
+
+
+@pytest.mark.slow
+def test_a_client_with_the_streaming_strategy_saves_and_loads(tmp_path):
+    strategy = streaming_generation_strategy(WiskiGP, refit_every=3, seed=0)
+    client = _client(strategy)
+    _run(client, NUM_INITIAL + 2)
+    path = tmp_path / "client.json"
+    client.save_to_json_file(str(path))
+    loaded = Client.load_from_json_file(str(path))
+    node = loaded._generation_strategy.nodes_by_name["MBM"]
+    surrogate = node.generator_specs[0].generator_kwargs["surrogate"]
+    assert isinstance(surrogate, StreamingSurrogate) and surrogate.refit_every == 3
+    _run(loaded, 3)
+    # The kept model is not stored: the first generation after loading rebuilds it from
+    # every completed trial, later ones absorb the new trials.
+    assert surrogate.num_constructions == 1
+    assert surrogate.num_updates == 2
+    assert surrogate.model.num_train == NUM_INITIAL + 4
+    assert len(loaded._experiment.trials) == NUM_INITIAL + 5

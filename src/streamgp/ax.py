@@ -51,6 +51,8 @@ try:
         fit_botorch_model,
     )
     from ax.storage.botorch_modular_registry import register_model
+    from ax.storage.json_store.encoders import surrogate_to_dict
+    from ax.storage.json_store.registry import CORE_DECODER_REGISTRY, CORE_ENCODER_REGISTRY
 except ImportError as error:  # pragma: no cover - exercised without the extra
     raise ImportError(
         "streamgp.ax needs Ax: pip install 'streamgp[ax]' (ax-platform 1.3.1)."
@@ -75,13 +77,15 @@ def register_with_ax_storage() -> None:
 
     Without it ``client.save_to_json_file`` fails on any ``ModelConfig`` naming a
     streamgp model (Ax stores the class by its registered name). A strategy holding a
-    :class:`StreamingSurrogate` object cannot be saved to JSON yet.
+    :class:`StreamingSurrogate` saves its settings (surrogate spec, ``refit_every``);
+    the kept model is not saved: after loading, the first generation rebuilds it from
+    all the experiment's trials, as Ax's own ``Surrogate`` does.
     """
     for model_class in MODEL_CLASSES:
         register_model(model_class)
-
-
-register_with_ax_storage()
+    # Ax's encoder looks classes up by exact type, its decoder by the stored name.
+    CORE_ENCODER_REGISTRY[StreamingSurrogate] = surrogate_to_dict
+    CORE_DECODER_REGISTRY[StreamingSurrogate.__name__] = StreamingSurrogate
 
 #: Ax's adapter transforms for a streaming model: its modular-BoTorch defaults without
 #: ``Winsorize`` and ``StandardizeY``, which recompute every outcome from all trials.
@@ -189,6 +193,13 @@ class StreamingSurrogate(Surrogate):
         self.num_constructions += 1
         self._absorbed_since_fit[key] = 0
         return model
+
+    def _serialize_attributes_as_kwargs(self) -> dict[str, Any]:
+        r"""What Ax's storage saves and passes back to ``__init__`` on loading."""
+        return {**super()._serialize_attributes_as_kwargs(), "refit_every": self.refit_every}
+
+
+register_with_ax_storage()
 
 
 def streaming_generation_strategy(
