@@ -84,21 +84,18 @@ from streamgp.linalg.variational import (
 )
 from streamgp.models.base import StreamingModelMixin
 from streamgp.models.utils import (
+    JointConditioningMixin,
     MutableState,
-    append_conditioning,
     check_latent_only,
     condition_joint,
     conditioning_batch_shape,
-    conditioning_noise,
     fit_frozen_transforms,
     parameter_snapshot,
     parameters_unchanged,
-    shallow_view,
     transform_new_data,
 )
 from streamgp.utils.optimization import PersistentOptimizerMixin
 from streamgp.utils.validation import (
-    check_conditioning_data,
     check_count,
     check_inducing_points,
     check_no_known_noise,
@@ -188,7 +185,14 @@ class FrozenPosterior:
     prior_root: Tensor
 
 
-class OnlineSVGP(StreamingModelMixin, PersistentOptimizerMixin, GPyTorchModel, GP, FantasizeMixin):
+class OnlineSVGP(
+    JointConditioningMixin,
+    StreamingModelMixin,
+    PersistentOptimizerMixin,
+    GPyTorchModel,
+    GP,
+    FantasizeMixin,
+):
     r"""Streaming sparse variational GP (Bui et al. 2017) with generalized-VI weight ``beta``.
 
     Args:
@@ -659,38 +663,6 @@ class OnlineSVGP(StreamingModelMixin, PersistentOptimizerMixin, GPyTorchModel, G
         self.likelihood.eval()
         self.model.variational_strategy._clear_cache()
         self._cache_snapshot = None
-
-    def condition_on_observations(
-        self, X: Tensor, Y: Tensor, noise: Tensor | None = None, **kwargs: Any
-    ) -> OnlineSVGP:
-        r"""A new model conditioned on ``(X, Y)`` by online variational conditioning.
-
-        The result shares this model's variational posterior, kernel and likelihood
-        (a view; no optimisation) and predicts with the exact Gaussian update of the
-        joint variational predictive. Gaussian likelihood only.
-
-        Args:
-            X: ``batch_shape x q x d`` inputs (original space).
-            Y: ``sample_shape x batch_shape x q x 1`` targets (original space).
-            noise: Optional ``batch_shape x q x 1`` noise variances (outcome-transformed
-                space); default: the likelihood's noise level.
-
-        Returns:
-            An ``OnlineSVGP`` with batch shape ``sample_shape + broadcast(batch, model.batch)``.
-        """
-        if not self.is_gaussian:
-            raise NotImplementedError(
-                "Closed-form conditioning (condition_on_observations / fantasize) needs a "
-                f"GaussianLikelihood; this model uses {type(self.likelihood).__name__}. "
-                "Use observe() to update it."
-            )
-        self._check_inputs(X, "X")
-        check_conditioning_data(X, Y, noise, like=X, dim=X.shape[-1])
-        X_t, Y_t, _ = transform_new_data(self, X, Y)
-        noise_q = conditioning_noise(noise, self, X)
-        new = shallow_view(self)
-        new._conditioning = append_conditioning(self._conditioning, X_t, Y_t.squeeze(-1), noise_q)
-        return new
 
 
 def _check_likelihood(likelihood: object) -> None:

@@ -76,19 +76,16 @@ from streamgp.linalg.decoupled import (
 from streamgp.models.base import StreamingModelMixin
 from streamgp.models.osvgp import _check_binary, _check_likelihood
 from streamgp.models.utils import (
+    JointConditioningMixin,
     MutableState,
-    append_conditioning,
     check_latent_only,
     condition_joint,
     conditioning_batch_shape,
-    conditioning_noise,
     fit_frozen_transforms,
-    shallow_view,
     transform_new_data,
 )
 from streamgp.utils.optimization import PersistentOptimizerMixin
 from streamgp.utils.validation import (
-    check_conditioning_data,
     check_count,
     check_no_known_noise,
     check_targets,
@@ -100,7 +97,12 @@ _VARIATIONAL = ("mean_basis", "mean_weights", "covar_basis", "covar_root")
 
 
 class DecoupledSVGP(
-    StreamingModelMixin, PersistentOptimizerMixin, GPyTorchModel, GP, FantasizeMixin
+    JointConditioningMixin,
+    StreamingModelMixin,
+    PersistentOptimizerMixin,
+    GPyTorchModel,
+    GP,
+    FantasizeMixin,
 ):
     r"""Decoupled sparse variational GP (Cheng & Boots 2017) with online basis growth.
 
@@ -642,37 +644,3 @@ class DecoupledSVGP(
             mean, covar = self._latent(X_t, diag=False)[0]
             return MultivariateNormal(mean, DenseLinearOperator(covar))
         return condition_joint(lambda X: self._latent(X, diag=False)[0], self._conditioning, X_t)
-
-    def condition_on_observations(
-        self, X: Tensor, Y: Tensor, noise: Tensor | None = None, **kwargs: Any
-    ) -> DecoupledSVGP:
-        r"""A new model conditioned on ``(X, Y)``: the exact Gaussian update of ``q(f)``.
-
-        The result shares this model's bases, parameters and likelihood (a view; no
-        optimisation) and predicts with the exact Gaussian update of the joint
-        variational predictive on the new observations (online variational
-        conditioning, Maddox et al. 2021), so BoTorch's ``fantasize`` and look-ahead
-        acquisition functions work. Gaussian likelihood only.
-
-        Args:
-            X: ``batch_shape x q x d`` inputs (original space).
-            Y: ``sample_shape x batch_shape x q x 1`` targets (original space).
-            noise: Optional ``batch_shape x q x 1`` noise variances (outcome-transformed
-                space); default: the likelihood's noise level.
-
-        Returns:
-            A ``DecoupledSVGP`` with batch shape ``sample_shape + broadcast(batch, model.batch)``.
-        """
-        if not self.is_gaussian:
-            raise NotImplementedError(
-                "Closed-form conditioning (condition_on_observations / fantasize) needs a "
-                f"GaussianLikelihood; this model uses {type(self.likelihood).__name__}. "
-                "Use observe() to update it."
-            )
-        self._check_inputs(X, "X")
-        check_conditioning_data(X, Y, noise, like=X, dim=X.shape[-1])
-        X_t, Y_t, _ = transform_new_data(self, X, Y)
-        noise_q = conditioning_noise(noise, self, X)
-        new = shallow_view(self)
-        new._conditioning = append_conditioning(self._conditioning, X_t, Y_t.squeeze(-1), noise_q)
-        return new

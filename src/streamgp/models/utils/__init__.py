@@ -21,6 +21,7 @@ from streamgp.models.utils.posterior import (
 from streamgp.models.utils.transaction import MutableState, TransactionalMixin, transaction
 from streamgp.models.utils.transforms import eval_mode, fit_frozen_transforms, transform_new_data
 from streamgp.models.utils.views import (
+    JointConditioningMixin,
     append_conditioning,
     condition_joint,
     conditioning_batch_shape,
@@ -30,6 +31,7 @@ from streamgp.models.utils.views import (
 )
 
 __all__ = [
+    "JointConditioningMixin",
     "MutableState",
     "PosteriorMixin",
     "TransactionalMixin",

@@ -27,6 +27,8 @@ from linear_operator.operators import DenseLinearOperator
 from torch import Tensor
 
 from streamgp.linalg.variational import condition_on_noisy_observations
+from streamgp.models.utils.transforms import transform_new_data
+from streamgp.utils.validation import check_conditioning_data
 
 #: Transformed conditioning inputs ``batch x q x d``, targets ``batch x q`` and noise
 #: variances ``batch x q``.
@@ -116,3 +118,44 @@ def correction_batch_shape(correction: Any | None) -> torch.Size:
     if correction is None:
         return torch.Size([])
     return correction.gamma.shape[:-1]
+
+
+class JointConditioningMixin:
+    r"""``condition_on_observations`` for models that condition their joint predictive.
+
+    The conditioned model is a view (:func:`shallow_view`) holding the accumulated
+    conditioning data; its ``forward`` applies the exact Gaussian update of the model's
+    joint (variational) predictive on them (:func:`condition_joint`, online variational
+    conditioning, [Maddox2021]_), so BoTorch's ``fantasize`` and look-ahead acquisition
+    functions work without optimisation. Gaussian likelihood only; the model provides
+    ``is_gaussian``, ``_check_inputs`` and a ``_conditioning`` attribute.
+    """
+
+    def condition_on_observations(
+        self, X: Tensor, Y: Tensor, noise: Tensor | None = None, **kwargs: Any
+    ) -> Any:
+        r"""A new model (a view) conditioned on ``(X, Y)``.
+
+        Args:
+            X: ``batch_shape x q x d`` inputs (original space).
+            Y: ``sample_shape x batch_shape x q x 1`` targets (original space).
+            noise: Optional ``batch_shape x q x 1`` noise variances (outcome-transformed
+                space); default: the likelihood's noise level.
+
+        Returns:
+            A model of the same class with batch shape
+            ``sample_shape + broadcast(batch, model.batch)``.
+        """
+        if not self.is_gaussian:
+            raise NotImplementedError(
+                "Closed-form conditioning (condition_on_observations / fantasize) needs a "
+                f"GaussianLikelihood; this model uses {type(self.likelihood).__name__}. "
+                "Use observe() to update it."
+            )
+        self._check_inputs(X, "X")
+        check_conditioning_data(X, Y, noise, like=X, dim=X.shape[-1])
+        X_t, Y_t, _ = transform_new_data(self, X, Y)
+        noise_q = conditioning_noise(noise, self, X)
+        new = shallow_view(self)
+        new._conditioning = append_conditioning(self._conditioning, X_t, Y_t.squeeze(-1), noise_q)
+        return new
