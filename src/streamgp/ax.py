@@ -87,6 +87,7 @@ def register_with_ax_storage() -> None:
     CORE_ENCODER_REGISTRY[StreamingSurrogate] = surrogate_to_dict
     CORE_DECODER_REGISTRY[StreamingSurrogate.__name__] = StreamingSurrogate
 
+
 #: Ax's adapter transforms for a streaming model: its modular-BoTorch defaults without
 #: ``Winsorize`` and ``StandardizeY``, which recompute every outcome from all trials.
 STREAMING_TRANSFORMS = [*MBM_X_trans, Derelativize, BilogY]

@@ -1,9 +1,10 @@
 r"""Grid-space Woodbury algebra for exact SKI inference with O(1)-in-n updates.
 
 This is the numerical core of WISKI (Stanton et al., "Kernel Interpolation for
-Scalable Online Gaussian Processes", AISTATS 2021), written in the root form of
-``DESIGN.md``. All quantities live on the grid of ``m`` points; nothing grows with
-the number of observations ``n``.
+Scalable Online Gaussian Processes", AISTATS 2021), written in root form: every
+covariance is kept as a factor ``R`` with ``Sigma = R R^T`` (the notation below is the
+whole of the algebra). All quantities live on the grid of ``m`` points; nothing grows
+with the number of observations ``n``.
 
 Notation. ``L_K`` is a root of ``K_UU``. Observations enter only through the
 *noise-weighted* statistics ``A = W^T Lambda^{-1} W``, ``b = W^T Lambda^{-1} y`` and

@@ -21,9 +21,9 @@ Two deliberate departures from gpytorch 1.15.2, both measured there:
   and the weights come from :class:`~streamgp.interpolation.grid.CubicGridInterpolation`.
 * Predictions never go through gpytorch's ``InterpolatedPredictionStrategy``, whose
   ``left_interp`` densifies a ``t x 4^d x m`` tensor (20 GB for ``10^4`` test points
-  on a ``16^3`` grid) and whose LOVE cache has a fixed rank of 100 (variance errors
-  of 23x-1450x in the LOVE issue). The predictive distribution is the exact SKI
-  posterior of the grid values (:mod:`streamgp.linalg.woodbury`, or
+  on a ``16^3`` grid) and whose LOVE cache has a fixed rank of 100 (variances off by
+  23x-1450x from the exact ones when we measured it). The predictive distribution is the
+  exact SKI posterior of the grid values (:mod:`streamgp.linalg.woodbury`, or
   :mod:`streamgp.linalg.structured` for large grids), applied to test points with
   sparse products, so memory is ``O(t m)`` (exact) or ``O(t k)`` (LOVE).
 

@@ -258,6 +258,7 @@ class OnlineSVGP(
     mutable_state = MutableState(
         attributes=("model.variational_strategy", "frozen_posterior", "num_observed", "last_batch"),
         modules=("model", "likelihood"),
+        objects=("inducing_selector",),
     )
 
     def __init__(

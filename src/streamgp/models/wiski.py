@@ -218,7 +218,8 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         data_space_limit: Largest number of observations kept in data space (rows
             and ``n x n`` matrices); past it they are folded into grid statistics
             for good. Default: ``min(m, MAX_DENSE_GRID)``, where the two costs cross.
-            0 keeps the model in grid space from the start.
+            0 keeps it in grid space from the first observation on (a model
+            built without data starts with empty data-space statistics).
         interpolation: Instead of the regular grid, a function of the transformed
             training data ``(X, y, noise)`` (``noise`` None for learned noise) that
             returns the interpolation: an object with the grid interpolation's interface
