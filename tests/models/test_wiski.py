@@ -392,3 +392,24 @@ def test_invalid_noise_hyperparameter_is_explained():
         model.likelihood.noise_covar.raw_noise.fill_(-0.1)
     with pytest.raises(ValueError, match="noise variance"):
         model.posterior(torch.rand(2, 2, dtype=DTYPE))
+
+
+@pytest.mark.parametrize("data_space_limit", [0, None], ids=["grid", "data"])
+def test_statistics_keep_the_gradient_to_learned_inputs(data_space_limit):
+    """A learned projection of the inputs is fitted through the statistics (the
+    streaming protocol's WISKI for d > 3): the likelihood must reach its parameters."""
+    torch.manual_seed(0)
+    X = torch.rand(40, 4, dtype=torch.float64)
+    Y = torch.sin(3 * X).sum(-1, keepdim=True)
+    projection = torch.nn.Parameter(0.3 * torch.randn(4, 2, dtype=torch.float64))
+    features = torch.sigmoid(X @ projection)
+    model = WiskiGP(
+        features,
+        Y,
+        grid_size=10,
+        grid_bounds=torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=torch.float64),
+        data_space_limit=data_space_limit,
+    )
+    value, _ = model.fit_objective()
+    (grad,) = torch.autograd.grad(value, projection)
+    assert torch.isfinite(grad).all() and grad.abs().sum() > 0

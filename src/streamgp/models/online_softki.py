@@ -506,7 +506,7 @@ class OnlineSoftKIGP(WiskiGP):
         )
         # A new module (views made earlier keep the old points and statistics).
         interpolation = SoftmaxPointInterpolation(points, temp, self.top_k, self.squared_distance)
-        statistics = self._grid_statistics(interpolation, X_t, y, noise)
+        statistics = self._grid_statistics(interpolation, X_t, y, noise, differentiable=False)
         self.interpolation = interpolation
         self._clear_caches()
         self._set_statistics(statistics)

@@ -328,17 +328,33 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
             statistics = DataStatistics.empty(self.interpolation.grid_size, y_all, self.fixed_noise)
             statistics = statistics.add(self.interpolation.weights(transformed_X), y_all, noise_all)
         else:  # large initial data sets are absorbed in chunks to bound memory
-            statistics = self._grid_statistics(self.interpolation, transformed_X, y_all, noise_all)
+            statistics = self._grid_statistics(
+                self.interpolation,
+                transformed_X,
+                y_all,
+                noise_all,
+                differentiable=interpolation is None,
+            )
         self._set_statistics(statistics)
 
     def _grid_statistics(
-        self, interpolation: Any, X_t: Tensor, y: Tensor, noise: Tensor | None
+        self,
+        interpolation: Any,
+        X_t: Tensor,
+        y: Tensor,
+        noise: Tensor | None,
+        differentiable: bool = True,
     ) -> GridStatistics:
-        r"""Grid statistics of transformed rows, ``STATISTICS_CHUNK`` rows at a time."""
+        r"""Grid statistics of transformed rows, ``STATISTICS_CHUNK`` rows at a time.
+
+        ``differentiable``: keep the graph to ``X_t`` (a learned projection of the
+        inputs is fitted through the statistics); False for learned interpolation
+        points, whose statistics are recomputed when the points change.
+        """
         statistics = GridStatistics.empty(
             interpolation.num_grid, y, self.fixed_noise, sparse=self.structured
         )
-        with torch.no_grad():
+        with torch.set_grad_enabled(differentiable and torch.is_grad_enabled()):
             for start in range(0, len(y), self.STATISTICS_CHUNK):
                 rows = slice(start, start + self.STATISTICS_CHUNK)
                 weights = interpolation.weights(X_t[rows])
