@@ -306,7 +306,13 @@ class LowRankCorrection:
         mean = W_star.dot(posterior.mean)
         if self.rank == 0:
             return mean, (U_star,), ()
-        UV = W_star.matmul(posterior.root @ self.V)  # batch x t x Q
+        m, Q = self.V.shape[-2], self.V.shape[-1]
+        sparse = isinstance(W_star, InterpolationWeights)
+        rows = math.prod(W_star.indices.shape[:-1]) if sparse else 0
+        if not sparse or rows * m * (1 + Q) <= m * m * Q:  # few points: (W_* R) V
+            UV = U_star.tensor @ self.V
+        else:  # many points: R V once, then a k-row gather per point
+            UV = W_star.matmul(posterior.root @ self.V)  # batch x t x Q
         mean = mean + (UV @ self.gamma.unsqueeze(-1)).squeeze(-1)
         return mean, (U_star,), (UV,)
 
