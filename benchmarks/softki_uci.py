@@ -219,24 +219,9 @@ def run_sgpr(split: dict, seed: int, args) -> dict:
         optimizer.step()
         epoch_times.append(time.perf_counter() - t0)
         losses.append(loss.item())
-    model.eval()
-    likelihood.eval()
-    start = time.perf_counter()
-    means, variances = [], []
-    with torch.no_grad():
-        for chunk in split["test_X"].split(PREDICT_CHUNK):
-            predictive = likelihood(model(chunk))
-            means.append(predictive.mean)
-            variances.append(predictive.variance)
-    predict_s = time.perf_counter() - start
-    out = metrics(torch.cat(means), torch.cat(variances), split["test_y"])
-    out |= {"init_s": init_s, "train_s": sum(epoch_times), "predict_s": predict_s}
-    out |= hyperparameters(model.base_covar_module, likelihood.noise.item())
-    out |= {
-        "final_train_loss": losses[-1] if losses else float("nan"),
-        "loss_history": json.dumps([round(v, 6) for v in losses]),
-    }
-    return out
+    return evaluate_baseline(
+        model, likelihood, model.base_covar_module, split, init_s, epoch_times, losses
+    )
 
 
 # ------------------------------------------------------------------------- SVGP
@@ -286,6 +271,13 @@ def run_svgp(split: dict, seed: int, args) -> dict:
             total += loss.item() * len(index)
         epoch_times.append(time.perf_counter() - t0)
         losses.append(total / n)
+    return evaluate_baseline(
+        model, likelihood, model.covar_module, split, init_s, epoch_times, losses
+    )
+
+
+def evaluate_baseline(model, likelihood, covar_module, split, init_s, epoch_times, losses):
+    r"""Test metrics, timings and fitted hyperparameters of a trained gpytorch baseline."""
     model.eval()
     likelihood.eval()
     start = time.perf_counter()
@@ -298,7 +290,7 @@ def run_svgp(split: dict, seed: int, args) -> dict:
     predict_s = time.perf_counter() - start
     out = metrics(torch.cat(means), torch.cat(variances), split["test_y"])
     out |= {"init_s": init_s, "train_s": sum(epoch_times), "predict_s": predict_s}
-    out |= hyperparameters(model.covar_module, likelihood.noise.item())
+    out |= hyperparameters(covar_module, likelihood.noise.item())
     out |= {
         "final_train_loss": losses[-1] if losses else float("nan"),
         "loss_history": json.dumps([round(v, 6) for v in losses]),
