@@ -113,14 +113,40 @@ class InterpolationWeights:
         )
 
     def dot(self, vec: Tensor) -> Tensor:
-        r"""``W @ vec`` for a grid vector ``vec`` of shape ``m`` (gather, no matrix)."""
-        return (self.values * vec[self.indices]).sum(-1)
+        r"""``W @ vec`` for a grid vector ``vec`` of shape ``m`` (gather, no matrix).
+
+        ``vec`` may be a batch of grid vectors, ``L x m`` (e.g. the grid means of ``L``
+        outputs): the result is ``broadcast(batch_shape, L) x N``.
+        """
+        if vec.dim() == 1:
+            return (self.values * vec[self.indices]).sum(-1)
+        batch = torch.broadcast_shapes(self.batch_shape, vec.shape[:-1])
+        rows, k = self.indices.shape[-2:]
+        index = self.indices.expand(*batch, rows, k).reshape(*batch, rows * k)
+        gathered = vec.expand(*batch, vec.shape[-1]).gather(-1, index)
+        return (self.values * gathered.view(*batch, rows, k)).sum(-1)
 
     def t_matvec(self, vec: Tensor) -> Tensor:
-        r"""``W^T vec`` for ``vec`` of shape ``N`` (unbatched weights only)."""
-        out = vec.new_zeros(self.num_grid)
-        return out.index_add_(
-            0, self.indices.reshape(-1), (self.values * vec.unsqueeze(-1)).reshape(-1)
+        r"""``W^T vec`` for ``vec`` of shape ``... x N`` (unbatched weights only).
+
+        Leading dimensions of ``vec`` (several outputs' targets) are kept: ``... x m``.
+        """
+        lead = vec.shape[:-1]
+        out = vec.new_zeros(*lead, self.num_grid)
+        source = (self.values * vec.unsqueeze(-1)).reshape(*lead, -1)
+        return out.index_add_(-1, self.indices.reshape(-1), source)
+
+    def unsqueeze_batch(self) -> InterpolationWeights:
+        r"""The same rows with one more (size-one) batch dimension, right before the rows.
+
+        A multi-output model's rows broadcast against its per-output quantities this way
+        (``batch x 1 x N`` rows against ``k`` outputs' ``batch x k x N`` targets).
+        """
+        return InterpolationWeights(
+            self.indices.unsqueeze(-3),
+            self.values.unsqueeze(-3),
+            self.num_grid,
+            tuple(a.unsqueeze_batch() for a in self.axes),
         )
 
     def _gram_entries(self, weights: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -59,7 +59,7 @@ class DataPosterior:
         kernel_root: Root ``L_K`` of ``K_UU`` (gives the features of new points).
         features: Kernel features of the ``n`` observed inputs.
         chol: ``n x n`` Cholesky factor ``L_B`` of ``K_SKI(X, X) + Lambda``.
-        whitened: ``L_B^{-1} y`` (``n``).
+        whitened: ``L_B^{-1} y`` (``n``; ``k x n`` for ``k`` outputs sharing ``L_B``).
         cache: ``G = K_UU W^T L_B^{-T}`` (``m x n``), built by :meth:`grid_cross`
             once the predictions it would have sped up have paid for it: with it a
             point's whitened cross-covariance is ``G^T w_*``, a ``k``-row gather, instead
@@ -114,7 +114,8 @@ class DataPosterior:
         U = self.whiten(new)  # n x q
         S = new.cross(new) + torch.diag_embed(noise) - U.mT @ U
         L_qq = torch.linalg.cholesky(S)
-        z_q = _solve_lower(L_qq, (y - U.mT @ self.whitened).unsqueeze(-1)).squeeze(-1)
+        # (whitened @ U) is U^T z for one output's z and for k outputs' rows alike.
+        z_q = _solve_lower(L_qq, (y - self.whitened @ U).unsqueeze(-1)).squeeze(-1)
         n, q = self.chol.shape[-1], L_qq.shape[-1]
         chol = self.chol.new_zeros(n + q, n + q)
         chol[:n, :n] = self.chol
@@ -133,7 +134,7 @@ class DataPosterior:
             G_q = _solve_lower(L_qq, (K_Wq - G @ U).mT).mT
             cache = AmortizedCache(torch.cat([G, G_q], dim=-1))
         return DataPosterior(
-            self.kernel_root, features, chol, torch.cat([self.whitened, z_q]), cache
+            self.kernel_root, features, chol, torch.cat([self.whitened, z_q], dim=-1), cache
         )
 
     def predict(self, weights: InterpolationWeights) -> tuple[Tensor, Tensor, KernelFeatures]:

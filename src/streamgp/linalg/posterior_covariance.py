@@ -184,7 +184,8 @@ class PosteriorCovariance(DenseLinearOperator):
     Args:
         positive: Factors ``A_f`` (``batch x t x w_f``) of the elementwise product.
         negative: Roots ``N_j`` (``batch x t x r_j``) of the subtracted terms.
-        noise: Optional ``batch x t`` diagonal; scale: a scalar tensor (default 1).
+        noise: Optional ``batch x t`` diagonal; scale: a tensor broadcastable to the
+            batch shape (default 1): one scale, or one per output.
         batch_shape: The operator's batch shape (factors are expanded to it).
 
     Example:
@@ -230,7 +231,7 @@ class PosteriorCovariance(DenseLinearOperator):
             block = _gram(a)
             out = block if out is None else out * block
         if self.scale is not None:
-            out = self.scale * out
+            out = self.scale[..., None, None] * out
         for n in self.negative:
             out = out - n @ n.mT
         if self.noise is not None:
@@ -245,7 +246,7 @@ class PosteriorCovariance(DenseLinearOperator):
             block = _row_sq_norms(a)
             out = block if out is None else out * block
         if self.scale is not None:
-            out = self.scale * out
+            out = self.scale[..., None] * out
         for n in self.negative:
             out = out - _row_sq_norms(n)
         if self.noise is not None:
@@ -291,7 +292,7 @@ class PosteriorCovariance(DenseLinearOperator):
             tuple(a.unsqueeze(dim) for a in self.positive),
             tuple(n.unsqueeze(dim) for n in self.negative),
             None if self.noise is None else self.noise.unsqueeze(dim),
-            self.scale,
+            self._batch_scale(lambda scale: scale.unsqueeze(dim)),
             torch.Size([*self._shape[:-2][:dim], 1, *self._shape[:-2][dim:]]),
         )
 
@@ -301,9 +302,15 @@ class PosteriorCovariance(DenseLinearOperator):
             tuple(a.permute(*dims, -2, -1) for a in self.positive),
             tuple(n.permute(*dims, -2, -1) for n in self.negative),
             None if self.noise is None else self.noise.permute(*dims, -1),
-            self.scale,
+            self._batch_scale(lambda scale: scale.permute(*dims)),
             torch.Size([batch[d] for d in dims]),
         )
+
+    def _batch_scale(self, reshape: Callable[[Tensor], Tensor]) -> Tensor | None:
+        # A per-batch scale follows a batch reshape; a scalar one needs nothing.
+        if self.scale is None or self.scale.dim() == 0:
+            return self.scale
+        return reshape(self.scale.expand(self._shape[:-2]))
 
     def with_noise(self, noise: Tensor) -> PosteriorCovariance:
         r"""The same covariance plus ``diag(noise)`` (``batch x t``)."""
@@ -313,9 +320,10 @@ class PosteriorCovariance(DenseLinearOperator):
         )
 
     def scaled(self, factor: Tensor) -> PosteriorCovariance:
-        r"""``factor * Sigma`` for a scalar ``factor >= 0`` (an outcome scale squared)."""
+        r"""``factor * Sigma`` for ``factor >= 0`` (an outcome scale squared): a scalar, or
+        a batch-broadcastable tensor (each output's own, for a multi-output model)."""
         scale = factor if self.scale is None else self.scale * factor
-        root = factor.sqrt()
+        root = factor.sqrt()[..., None, None]
         negative = tuple(root * n for n in self.negative)
-        noise = None if self.noise is None else factor * self.noise
+        noise = None if self.noise is None else factor[..., None] * self.noise
         return PosteriorCovariance(self.positive, negative, noise, scale, self._shape[:-2])

@@ -56,7 +56,7 @@ def _noise_sums(y: Tensor, noise: Tensor | None) -> tuple[Tensor, Tensor, Tensor
     """Row precisions, ``sum(log noise)`` and ``sum(noise)`` (unit precision without noise)."""
     if noise is None:
         zero = torch.zeros((), dtype=y.dtype, device=y.device)
-        return torch.ones_like(y), zero, zero
+        return y.new_ones(y.shape[-1]), zero, zero  # rows are shared by all outputs
     return noise.reciprocal(), noise.log().sum(), noise.sum()
 
 
@@ -66,7 +66,9 @@ class GridStatistics:
 
     Attributes:
         A: ``m x m`` ``W^T Lambda^{-1} W`` (dense, or sparse COO for large grids).
-        b: ``m`` ``W^T Lambda^{-1} y``; c: ``y^T Lambda^{-1} y``; n: the count.
+        b: ``m`` ``W^T Lambda^{-1} y``; c: ``y^T Lambda^{-1} y``; n: the count. With
+            ``k`` outputs observed at the same rows (one noise per row), ``b`` is
+            ``k x m`` and ``c`` has ``k`` entries; everything else is shared.
         sum_log_noise, sum_noise: ``sum(log lambda_i)`` and ``sum(lambda_i)``
             (zero without fixed noise).
         fixed_noise: True when rows carry their own noise (then ``A, b, c`` are
@@ -83,7 +85,9 @@ class GridStatistics:
 
     @staticmethod
     def empty(num_grid: int, like: Tensor, fixed_noise: bool, sparse: bool) -> GridStatistics:
+        r"""No rows yet, for targets shaped like ``like`` (``n``, or ``k x n``: ``k`` outputs)."""
         tkwargs = {"dtype": like.dtype, "device": like.device}
+        outputs = like.shape[:-1]
         if sparse:
             index = torch.zeros(2, 0, dtype=torch.long, device=like.device)
             A = torch.sparse_coo_tensor(
@@ -92,9 +96,8 @@ class GridStatistics:
         else:
             A = torch.zeros(num_grid, num_grid, **tkwargs)
         zero = torch.zeros((), **tkwargs)
-        return GridStatistics(
-            A, torch.zeros(num_grid, **tkwargs), zero, zero, zero, zero, fixed_noise
-        )
+        b, c = torch.zeros(*outputs, num_grid, **tkwargs), torch.zeros(outputs, **tkwargs)
+        return GridStatistics(A, b, c, zero, zero, zero, fixed_noise)
 
     @property
     def count(self) -> int:
@@ -118,7 +121,7 @@ class GridStatistics:
         return GridStatistics(
             A=A,
             b=self.b + weights.t_matvec(precision * y),
-            c=self.c + (precision * y * y).sum(),
+            c=self.c + (precision * y * y).sum(-1),
             n=self.n + y.shape[-1],
             sum_log_noise=self.sum_log_noise + log_noise,
             sum_noise=self.sum_noise + noise_sum,
@@ -185,7 +188,7 @@ class GridStatistics:
                 "Grid statistics with fixed noise keep only noise-weighted target sums; the "
                 "unweighted moments a Standardize needs are not recoverable."
             )
-        return self.b.sum(), self.c
+        return self.b.sum(-1), self.c
 
     def affine(self, alpha: Tensor, beta: Tensor) -> GridStatistics:
         r"""The statistics of targets ``alpha y + beta`` (fixed noise ``alpha^2 lambda``).
@@ -222,7 +225,7 @@ class DataStatistics:
 
     Attributes:
         weights: Interpolation rows ``W`` of the ``n`` observations.
-        y: ``n`` targets (outcome-transformed).
+        y: ``n`` targets (outcome-transformed), or ``k x n`` for ``k`` outputs.
         noise: ``n`` fixed noise variances, or None for homoskedastic noise.
     """
 
@@ -241,9 +244,8 @@ class DataStatistics:
         full = no_rows(math.prod(grid_size), 4 ** len(grid_size))
         axes = tuple(no_rows(g, 4) for g in grid_size)
         weights = InterpolationWeights(full.indices, full.values, full.num_grid, axes)
-        return DataStatistics(
-            weights, like.new_zeros(0), like.new_zeros(0) if fixed_noise else None
-        )
+        y = like.new_zeros(*like.shape[:-1], 0)  # k x 0 for k outputs
+        return DataStatistics(weights, y, like.new_zeros(0) if fixed_noise else None)
 
     @property
     def fixed_noise(self) -> bool:
@@ -275,7 +277,7 @@ class DataStatistics:
         new_noise = None
         if self.fixed_noise:
             new_noise = torch.cat([self.noise, noise])
-        return DataStatistics(rows, torch.cat([self.y, y]), new_noise)
+        return DataStatistics(rows, torch.cat([self.y, y], dim=-1), new_noise)
 
     def to_grid(self, sparse: bool = False, chunk: int = 8192) -> GridStatistics:
         r"""The grid-space statistics of the same rows (in chunks of ``chunk`` rows)."""
@@ -293,13 +295,13 @@ class DataStatistics:
                 ),
             )
             stats = stats.add(
-                weights, self.y[rows], None if self.noise is None else self.noise[rows]
+                weights, self.y[..., rows], None if self.noise is None else self.noise[rows]
             )
         return stats
 
     def row_noise(self, noise_variance: Tensor) -> Tensor:
         r"""Each row's noise variance (``noise_variance`` for homoskedastic noise)."""
-        return noise_variance.expand_as(self.y) if self.noise is None else self.noise
+        return noise_variance.expand(self.count) if self.noise is None else self.noise
 
     def log_marginal_likelihood(
         self, kernel_root: GridKernelRoot, noise_variance: Tensor
@@ -319,7 +321,7 @@ class DataStatistics:
 
     def target_moments(self) -> tuple[Tensor, Tensor]:
         r"""``(sum y, sum y^2)`` of the rows."""
-        return self.y.sum(), (self.y * self.y).sum()
+        return self.y.sum(-1), (self.y * self.y).sum(-1)
 
     def affine(self, alpha: Tensor, beta: Tensor) -> DataStatistics:
         r"""The rows with targets ``alpha y + beta`` (and fixed noise ``alpha^2 lambda``)."""

@@ -111,12 +111,18 @@ class _LogdetPlusQuad(torch.autograd.Function):
     ``df/dC = C^{-1} - sign u u^T`` and ``df/dz = 2 sign u`` with ``u = C^{-1} z``. One
     ``cholesky_inverse`` in the backward pass costs about a third of differentiating
     through the Cholesky factorisation and triangular solve.
+
+    One ``m x m`` ``C`` with a ``k x m`` ``z`` (``k`` outputs sharing ``C``) gives the
+    ``k`` values ``log|C| + sign z_j^T C^{-1} z_j`` from one factorisation.
     """
 
     @staticmethod
     def forward(ctx, C: Tensor, z: Tensor, sign: float) -> Tensor:
         L_C = torch.linalg.cholesky(C)
-        u = torch.cholesky_solve(z.unsqueeze(-1), L_C).squeeze(-1)
+        if _shared(C, z):  # k right-hand sides of one solve
+            u = torch.cholesky_solve(z.mT, L_C).mT
+        else:
+            u = torch.cholesky_solve(z.unsqueeze(-1), L_C).squeeze(-1)
         ctx.save_for_backward(L_C, u)
         ctx.sign = sign
         return 2.0 * L_C.diagonal(dim1=-2, dim2=-1).log().sum(-1) + sign * (z * u).sum(-1)
@@ -130,12 +136,21 @@ class _LogdetPlusQuad(torch.autograd.Function):
             grad_C = torch.cholesky_inverse(L_C)
             if u.dim() == 1:
                 grad_C.addr_(u, u, alpha=-ctx.sign)  # one pass, no u u^T temporary
+            elif _shared(L_C, u):  # sum_j g_j (C^{-1} - sign u_j u_j^T)
+                grad_C.mul_(grad.sum())
+                grad_C.addmm_(u.mT * grad, u, alpha=-ctx.sign)
+                return grad_C, 2.0 * ctx.sign * grad.unsqueeze(-1) * u, None
             else:
                 grad_C.sub_(ctx.sign * u.unsqueeze(-1) * u.unsqueeze(-2))
             grad_C.mul_(grad[..., None, None])
         if ctx.needs_input_grad[1]:
             grad_z = 2.0 * ctx.sign * grad.unsqueeze(-1) * u
         return grad_C, grad_z, None
+
+
+def _shared(C: Tensor, z: Tensor) -> bool:
+    """Whether ``z`` (``k x m``) holds several right-hand sides for one ``m x m`` ``C``."""
+    return C.dim() == 2 and z.dim() == 2
 
 
 def logdet_plus_quad(C: Tensor, z: Tensor, sign: float = 1.0) -> Tensor:
@@ -155,13 +170,15 @@ def factorize(L_K: GridKernelRoot, A: Tensor, b: Tensor) -> GridPosterior:
     Args:
         L_K: Root of ``K_UU``.
         A: ``m x m`` noise-weighted ``W^T Lambda^{-1} W``.
-        b: ``m`` noise-weighted ``W^T Lambda^{-1} y``.
+        b: ``m`` noise-weighted ``W^T Lambda^{-1} y``, or ``k x m`` for ``k`` outputs
+            that share ``A`` (the root is shared; the mean is ``k x m``).
     """
     L_C = _cholesky_C(L_K, A)
     # R^T = L_C^{-1} L_K^T, a triangular solve instead of an explicit inverse.
     R_t = torch.linalg.solve_triangular(L_C, L_K.to_dense().mT, upper=False)
     root = R_t.mT
-    return GridPosterior(root=root, mean=root @ (R_t @ b))
+    # alpha = R R^T b, written for a row (or rows) b so that k outputs are one product.
+    return GridPosterior(root=root, mean=(b @ root) @ R_t)
 
 
 def log_marginal_likelihood(
@@ -179,8 +196,14 @@ def log_marginal_likelihood(
     ``O(m^3)`` time whatever ``n`` is. ``A, b, c`` may instead be the raw sums with the
     common noise precision passed as ``precision`` (``A, b, c`` are then scaled by it):
     the value is the same, and the backward pass skips a congruence with ``A``.
+
+    ``k`` outputs sharing ``A`` (``b``: ``k x m``, ``c``: ``k``) give ``k`` values from
+    one factorisation.
     """
-    z = L_K.t_matmul(b.unsqueeze(-1)).squeeze(-1)
+    if b.dim() == 2 and A.dim() == 2:  # k outputs: their L_K^T b as rows
+        z = L_K.t_matmul(b.mT).mT
+    else:
+        z = L_K.t_matmul(b.unsqueeze(-1)).squeeze(-1)
     if precision is not None:
         z, c = precision * z, precision * c
     logdet_minus_quad = logdet_plus_quad(_matrix_C(L_K, A, precision), z, -1.0)
@@ -201,15 +224,15 @@ def update_root(
     Args:
         posterior: Current grid posterior (not modified).
         W_q: Interpolation weights of the ``q`` new inputs (unbatched).
-        y: ``q`` new targets.
+        y: ``q`` new targets (``k x q`` for ``k`` outputs sharing the root).
         noise: ``q`` observation noise variances.
     """
     R, alpha = posterior.root, posterior.mean
     U_t = W_q.matmul(R)  # q x m, rows u_i = R^T w_i
     S = U_t @ U_t.mT + torch.diag_embed(noise)
     residual = y - W_q.dot(alpha)
-    coef = torch.linalg.solve(S, residual.unsqueeze(-1))
-    new_mean = alpha + R @ (U_t.mT @ coef).squeeze(-1)
+    coef = torch.linalg.solve(S, residual.unsqueeze(-1)).squeeze(-1)  # S is symmetric
+    new_mean = alpha + (coef @ U_t) @ R.mT
     P, sigma, _ = torch.linalg.svd(U_t.mT / noise.sqrt(), full_matrices=False)
     shrink = 1.0 - torch.rsqrt(1.0 + sigma * sigma)
     # One fused pass over the m x m root (a rank-q update is memory-bound).
@@ -228,7 +251,7 @@ def fold_low_rank(posterior: GridPosterior, V: Tensor, gamma: Tensor) -> GridPos
     P, sigma, _ = torch.linalg.svd(V, full_matrices=False)
     shrink = 1.0 - torch.sqrt((1.0 - sigma * sigma).clamp_min(0.0))
     new_root = torch.addmm(R, (R @ P) * shrink, P.mT, alpha=-1.0)  # one fused pass
-    return posterior.downdated(new_root, alpha + R @ (V @ gamma), R @ V, None)
+    return posterior.downdated(new_root, alpha + (gamma @ V.mT) @ R.mT, R @ V, None)
 
 
 @dataclass(frozen=True)
@@ -246,7 +269,8 @@ class LowRankCorrection:
 
     @staticmethod
     def empty(m: int, like: Tensor) -> LowRankCorrection:
-        return LowRankCorrection(V=like.new_zeros(m, 0), gamma=like.new_zeros(0))
+        r"""No correction for a grid mean ``like`` (``m``, or ``k x m`` for ``k`` outputs)."""
+        return LowRankCorrection(V=like.new_zeros(m, 0), gamma=like.new_zeros(*like.shape[:-1], 0))
 
     @property
     def rank(self) -> int:

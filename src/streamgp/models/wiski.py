@@ -270,7 +270,13 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         data_space_limit: int | None = None,
         interpolation: Callable[[Tensor, Tensor, Tensor | None], Any] | None = None,
     ) -> None:
-        check_grid_model_data(train_X, train_Y, train_Yvar, likelihood)
+        check_grid_model_data(train_X, train_Y, train_Yvar, likelihood, multi_output=True)
+        num_outputs = train_Y.shape[-1]
+        if num_outputs > 1 and interpolation is not None:
+            raise ValueError(
+                f"train_Y has {num_outputs} columns; a model with an interpolation factory "
+                "has one output (use a ModelListGP of single-output models)."
+            )
         if interpolation is None:
             check_grid_input_transform(input_transform)
         elif grid_size is not None or grid_bounds is not None or data_space_limit is not None:
@@ -281,6 +287,7 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         check_choice(extrapolation, "extrapolation", EXTRAPOLATION_POLICIES)
         super().__init__()
         self.extrapolation = extrapolation
+        self._num_outputs = num_outputs
         dim = train_X.shape[-1]
         tkwargs = {"dtype": train_X.dtype, "device": train_X.device}
 
@@ -303,8 +310,8 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
                 get_gaussian_likelihood_with_lognormal_prior() if likelihood is None else likelihood
             ).to(**tkwargs)
 
-        y_all = train_Y.squeeze(-1)
-        noise_all = None if train_Yvar is None else train_Yvar.squeeze(-1)
+        y_all = self._targets(train_Y)
+        noise_all = None if train_Yvar is None else self._shared_noise(train_Yvar, "train_Yvar")
         if interpolation is None:
             self.interpolation, self.structured = build_grid(
                 train_X,
@@ -314,6 +321,12 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
                 self.covar_module,
                 self.MAX_DENSE_GRID,
             )
+            if self.structured and num_outputs > 1:
+                raise ValueError(
+                    f"train_Y has {num_outputs} columns; multi-output WiskiGP needs a dense "
+                    f"grid (at most MAX_DENSE_GRID = {self.MAX_DENSE_GRID} points, this one "
+                    f"has {self.interpolation.num_grid}). Use a coarser grid_size."
+                )
             if data_space_limit is None:
                 data_space_limit = self.DATA_SPACE_LIMIT
             if data_space_limit is None:
@@ -325,6 +338,7 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         self.data_space_limit = check_count(data_space_limit, "data_space_limit", minimum=0)
         self._clear_caches()
         if interpolation is None and len(train_X) <= self.data_space_limit:
+            # y_all is n (one output) or k x n: the rows are shared by all outputs.
             statistics = DataStatistics.empty(self.interpolation.grid_size, y_all, self.fixed_noise)
             statistics = statistics.add(self.interpolation.weights(transformed_X), y_all, noise_all)
         else:  # large initial data sets are absorbed in chunks to bound memory
@@ -355,13 +369,49 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
             interpolation.num_grid, y, self.fixed_noise, sparse=self.structured
         )
         with torch.set_grad_enabled(differentiable and torch.is_grad_enabled()):
-            for start in range(0, len(y), self.STATISTICS_CHUNK):
+            for start in range(0, y.shape[-1], self.STATISTICS_CHUNK):
                 rows = slice(start, start + self.STATISTICS_CHUNK)
                 weights = interpolation.weights(X_t[rows])
                 statistics = statistics.add(
-                    weights, y[rows], None if noise is None else noise[rows]
+                    weights, y[..., rows], None if noise is None else noise[rows]
                 )
         return statistics
+
+    # ------------------------------------------------------------ outputs
+    def _targets(self, Y: Tensor) -> Tensor:
+        r"""``... x q x k`` targets in the layout of the algebra: ``... x q`` for one
+        output, ``... x k x q`` for ``k`` (the outputs share every row-derived factor)."""
+        return Y.squeeze(-1) if self._num_outputs == 1 else Y.movedim(-1, -2)
+
+    def _shared_noise(self, Yvar: Tensor, name: str) -> Tensor:
+        r"""``... x q x k`` (transformed) noise variances as one ``... x q`` noise per row.
+
+        The outputs of a multi-output model share the Gram statistics, so each row must
+        have one noise variance for all of them.
+        """
+        if self._num_outputs > 1 and not torch.equal(Yvar, Yvar[..., :1].expand_as(Yvar)):
+            raise ValueError(
+                f"{name} differs between outputs (after the outcome transform): the "
+                f"outputs of a multi-output WiskiGP share one noise variance per row. Use a "
+                "ModelListGP of single-output models, or an outcome transform that scales "
+                "all outputs alike."
+            )
+        return Yvar[..., 0]
+
+    def _rows(self, X_t: Tensor) -> InterpolationWeights:
+        r"""Interpolation rows of ``batch x q x d`` inputs; a multi-output model's batched
+        rows get a size-one output dimension (``batch x 1 x q``) to broadcast against
+        its ``batch x k x q`` per-output quantities."""
+        weights = self.interpolation.weights(X_t)
+        if self._num_outputs > 1 and X_t.dim() > 2:
+            return weights.unsqueeze_batch()
+        return weights
+
+    def _row_noise(self, noise: Tensor) -> Tensor:
+        r"""``batch x q`` conditioning noise in the layout of :meth:`_rows`."""
+        if self._num_outputs > 1 and noise.dim() > 1:
+            return noise.unsqueeze(-2)
+        return noise
 
     # ------------------------------------------------------------------ state
     def _clear_caches(self) -> None:
@@ -535,7 +585,7 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         """
         statistics = self.training_statistics()
         value = statistics.log_marginal_likelihood(self.kernel_root(), self.noise_variance)
-        return value, statistics.n
+        return value.sum(), statistics.n  # summed over the outputs (one per output)
 
     def kernel_root(self) -> GridKernelRoot:
         r"""Root ``L_K`` of ``K_UU`` at the current hyperparameters (differentiable)."""
@@ -577,7 +627,7 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
             self._correction = None
             for X_q, y_q, noise_q in self._conditioning_log:
                 self._correction = self._current_correction().condition(
-                    self._posterior, self.interpolation.weights(X_q), y_q, noise_q
+                    self._posterior, self._rows(X_q), y_q, noise_q
                 )
         return self._posterior
 
@@ -699,6 +749,11 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
             )
         if len(self.batch_shape) > 0:
             raise RuntimeError("restandardize is not available on a batched (fantasy) model.")
+        if self._num_outputs > 1:
+            raise ValueError(
+                "restandardize needs a single-output model: re-estimating each output's "
+                "scale would give the outputs different noise levels, which they share."
+            )
         self._fold_observed()
         statistics = self._statistics
         n = statistics.count
@@ -731,7 +786,9 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
 
     @property
     def batch_shape(self) -> torch.Size:
-        return correction_batch_shape(self._correction)
+        shape = correction_batch_shape(self._correction)
+        # A multi-output correction carries the outputs as its last batch dimension.
+        return shape[:-1] if self._num_outputs > 1 and self._correction is not None else shape
 
     def _set_transformed_inputs(self) -> None:
         # Inputs are transformed when they arrive; no training inputs are stored.
@@ -783,12 +840,14 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
     def forward(self, X: Tensor) -> MultivariateNormal:
         r"""Posterior of the latent function at already-transformed inputs ``X``."""
         posterior = self.exact_posterior()
-        weights = self.interpolation.weights(X)
+        weights = self._rows(X)
         love = self.love_grid_posterior()
         if love is not None:
             # Sparse W_* times the m x k root: t x k, never t x 4^d x m.
+            mean = weights.dot(love.mean)
             root = weights.matmul(love.root)
-            return MultivariateNormal(weights.dot(love.mean), RootLinearOperator(root))
+            root = root.expand(*mean.shape, root.shape[-1])  # shared by the outputs
+            return MultivariateNormal(mean, RootLinearOperator(root))
         mean, positive, negative = self._current_correction().predict_factors(posterior, weights)
         # Variances from the factors, the dense t x t matrix only when asked for (joint
         # samples, Cholesky); a LinearOperator also defers factorisation to whoever needs
@@ -816,6 +875,7 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
             like=self.interpolation.bounds,
             dim=self.interpolation.dim,
             fixed_noise=self.fixed_noise,
+            num_outputs=self._num_outputs,
         )
         X_t, Y_t, Yvar_t = self._transform_new_data(X, Y, Yvar)
         self.interpolation.check_inside(X_t, "X")
@@ -827,8 +887,8 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
                 "observations; observe on the parent model instead."
             )
         weights = self.interpolation.weights(X_t)
-        y = Y_t.squeeze(-1)
-        noise = None if Yvar_t is None else Yvar_t.squeeze(-1)
+        y = self._targets(Y_t)
+        noise = None if Yvar_t is None else self._shared_noise(Yvar_t, "Yvar")
         if self._can_defer(y.shape[-1]):
             self._defer(X_t.detach(), weights, y)
             return self
@@ -858,7 +918,7 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
     def _defer(self, X_t: Tensor, weights: InterpolationWeights, y: Tensor) -> None:
         with torch.no_grad():
             posterior = self.exact_posterior()
-            noise = self.noise_variance.detach().expand_as(y)
+            noise = self.noise_variance.detach().expand(y.shape[-1:])
             self._correction = self._current_correction().condition(posterior, weights, y, noise)
         # A new list: views made earlier share the old one.
         self._conditioning_log = [*self._conditioning_log, (X_t, y, noise)]
@@ -881,7 +941,7 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         if not self._caches_valid():
             return None
         posterior = self._posterior
-        update_noise = self.noise_variance.expand_as(y) if noise is None else noise
+        update_noise = self.noise_variance.expand(y.shape[-1:]) if noise is None else noise
         if isinstance(posterior, DataPosterior):
             if statistics.count > self.data_space_limit or self._posterior_on_grid(statistics):
                 return None  # the next prediction factorises on the grid
@@ -915,15 +975,22 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
             A ``WiskiGP`` with batch shape ``sample_shape + broadcast(batch, model.batch)``.
         """
         check_conditioning_data(
-            X, Y, noise, like=self.interpolation.bounds, dim=self.interpolation.dim
+            X,
+            Y,
+            noise,
+            like=self.interpolation.bounds,
+            dim=self.interpolation.dim,
+            num_outputs=self._num_outputs,
         )
         X_t, Y_t, _ = self._transform_new_data(X, Y)
         self.interpolation.check_inside(X_t, "X")
+        if noise is not None and self._num_outputs > 1:
+            noise = self._shared_noise(noise, "noise").unsqueeze(-1)
         posterior = self.exact_posterior()
-        y = Y_t.squeeze(-1)
-        noise_q = conditioning_noise(noise, self, X)
+        y = self._targets(Y_t)
+        noise_q = self._row_noise(conditioning_noise(noise, self, X))
         correction = self._current_correction().condition(
-            posterior, self.interpolation.weights(X_t), y, noise_q
+            posterior, self._rows(X_t), y, noise_q
         )
         new = self._view()
         new._correction = correction

@@ -78,14 +78,21 @@ def check_count(value: object, name: str, minimum: int = 0, allow_none: bool = F
     return value
 
 
-def check_targets(Y: Tensor, name: str, num_points: int, batch_ok: bool = False) -> Tensor:
-    r"""Check a ``... x n x 1`` target tensor against ``num_points`` rows."""
-    if Y.dim() < 2 or Y.shape[-1] != 1:
-        raise ValueError(f"{name} must have shape n x 1 (single output), got {tuple(Y.shape)}.")
+def check_targets(
+    Y: Tensor, name: str, num_points: int, batch_ok: bool = False, num_outputs: int | None = 1
+) -> Tensor:
+    r"""Check a ``... x n x k`` target tensor against ``num_points`` rows and ``k`` outputs
+    (``num_outputs``; None accepts any ``k >= 1``)."""
+    if num_outputs is None:
+        if Y.dim() < 2 or Y.shape[-1] < 1:
+            raise ValueError(f"{name} must have shape n x k (k outputs), got {tuple(Y.shape)}.")
+    elif Y.dim() < 2 or Y.shape[-1] != num_outputs:
+        layout = "n x 1 (single output)" if num_outputs == 1 else f"n x {num_outputs}"
+        raise ValueError(f"{name} must have shape {layout}, got {tuple(Y.shape)}.")
     if Y.shape[-2] != num_points:
         raise ValueError(f"{name} has {Y.shape[-2]} rows but the inputs have {num_points} points.")
     if not batch_ok and Y.dim() != 2:
-        raise ValueError(f"{name} must be 2-dimensional (n x 1), got shape {tuple(Y.shape)}.")
+        raise ValueError(f"{name} must be 2-dimensional (n x k), got shape {tuple(Y.shape)}.")
     return Y
 
 
@@ -120,10 +127,12 @@ def check_grid_model_data(
     likelihood: object | None,
     *,
     allow_empty: bool = True,
+    multi_output: bool = False,
 ) -> None:
-    r"""Validate the constructor data of a single-output grid (SKI) model.
+    r"""Validate the constructor data of a grid (SKI) model.
 
-    ``train_X`` must be ``n x d`` (unbatched), ``train_Y`` ``n x 1``, ``train_Yvar``
+    ``train_X`` must be ``n x d`` (unbatched), ``train_Y`` ``n x 1`` (``n x k`` with
+    ``multi_output``), ``train_Yvar``
     (fixed noise) of ``train_Y``'s shape and positive, in which case ``likelihood``
     must be ``None``; otherwise ``likelihood`` must be a learned-noise gpytorch
     ``GaussianLikelihood`` or ``None``.
@@ -136,7 +145,10 @@ def check_grid_model_data(
             f"got {tuple(train_X.shape)}."
         )
     check_targets(
-        check_tensor(train_Y, "train_Y", like=train_X, min_dim=2), "train_Y", len(train_X)
+        check_tensor(train_Y, "train_Y", like=train_X, min_dim=2),
+        "train_Y",
+        len(train_X),
+        num_outputs=None if multi_output else 1,
     )
     if train_Yvar is not None:
         check_tensor(train_Yvar, "train_Yvar", like=train_X, min_dim=2)
@@ -162,17 +174,26 @@ def check_grid_model_data(
 
 
 def check_new_observations(
-    X: object, Y: object, Yvar: object | None, *, like: Tensor, dim: int, fixed_noise: bool
+    X: object,
+    Y: object,
+    Yvar: object | None,
+    *,
+    like: Tensor,
+    dim: int,
+    fixed_noise: bool,
+    num_outputs: int = 1,
 ) -> None:
-    r"""Validate an in-place ``observe(X, Y, Yvar)`` batch of a single-output model.
+    r"""Validate an in-place ``observe(X, Y, Yvar)`` batch.
 
-    ``X`` must be ``q x dim``, ``Y`` ``q x 1``; ``Yvar`` is required (of ``Y``'s
-    shape, positive) exactly when the model has fixed noise.
+    ``X`` must be ``q x dim``, ``Y`` ``q x num_outputs``; ``Yvar`` is required (of
+    ``Y``'s shape, positive) exactly when the model has fixed noise.
     """
     check_tensor(X, "X", like=like, min_dim=2, last_dim=dim)
     if X.dim() != 2:
         raise ValueError(f"X must have shape q x d, got {tuple(X.shape)}.")
-    check_targets(check_tensor(Y, "Y", like=like, min_dim=2), "Y", len(X))
+    check_targets(
+        check_tensor(Y, "Y", like=like, min_dim=2), "Y", len(X), num_outputs=num_outputs
+    )
     if fixed_noise and Yvar is None:
         raise ValueError("Yvar is required: this model uses fixed noise (train_Yvar).")
     if not fixed_noise and Yvar is not None:
@@ -187,19 +208,19 @@ def check_new_observations(
 
 
 def check_conditioning_data(
-    X: object, Y: object, noise: object | None, *, like: Tensor, dim: int
+    X: object, Y: object, noise: object | None, *, like: Tensor, dim: int, num_outputs: int = 1
 ) -> None:
-    r"""Validate ``condition_on_observations(X, Y, noise)`` of a single-output model.
+    r"""Validate ``condition_on_observations(X, Y, noise)``.
 
-    ``X`` is ``batch x q x dim``, ``Y`` ``sample x batch x q x 1`` with the same ``q``,
-    ``noise`` (optional) ``batch x q x 1`` and positive.
+    ``X`` is ``batch x q x dim``, ``Y`` ``sample x batch x q x num_outputs`` with the
+    same ``q``, ``noise`` (optional) of ``batch x q x num_outputs`` and positive.
     """
     check_tensor(X, "X", like=like, min_dim=2, last_dim=dim)
-    check_tensor(Y, "Y", like=like, min_dim=2, last_dim=1)
+    check_tensor(Y, "Y", like=like, min_dim=2, last_dim=num_outputs)
     if Y.shape[-2] != X.shape[-2]:
         raise ValueError(f"Y has {Y.shape[-2]} points per batch but X has {X.shape[-2]}.")
     if noise is not None:
-        check_tensor(noise, "noise", like=like, min_dim=2, last_dim=1)
+        check_tensor(noise, "noise", like=like, min_dim=2, last_dim=num_outputs)
         check_positive(noise, "noise")
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from botorch.models.transforms.outcome import OutcomeTransform, Standardize
 from botorch.posteriors.gpytorch import GPyTorchPosterior
-from gpytorch.distributions import MultivariateNormal
+from gpytorch.distributions import MultitaskMultivariateNormal, MultivariateNormal
 from gpytorch.likelihoods import GaussianLikelihood
 from linear_operator.operators import (
     DenseLinearOperator,
@@ -72,6 +72,7 @@ class PosteriorMixin:
         X: Tensor,
         observation_noise: bool | Tensor = False,
         posterior_transform: Any | None = None,
+        output_indices: list[int] | None = None,
         **kwargs: Any,
     ) -> GPyTorchPosterior:
         r"""Joint posterior over the ``q`` points of ``batch_shape x q x d`` inputs ``X``.
@@ -80,15 +81,24 @@ class PosteriorMixin:
             X: Inputs in the original (untransformed) space.
             observation_noise: If True, add :attr:`noise_variance` (the learned noise,
                 or the mean known noise of fixed-noise models); if a
-                ``batch_shape x q x 1`` tensor, add it (in the outcome-transformed
-                space).
+                ``batch_shape x q x k`` tensor (``k`` outputs), add it (in the
+                outcome-transformed space).
             posterior_transform: Optional BoTorch posterior transform.
+            output_indices: The outputs to predict, for a multi-output model (default:
+                all); taken through the model's ``subset_output``.
 
         Returns:
-            A ``GPyTorchPosterior`` of shape ``broadcast(batch, model.batch) x q x 1``;
+            A ``GPyTorchPosterior`` of shape ``broadcast(batch, model.batch) x q x k``
+            (a ``MultitaskMultivariateNormal`` of independent outputs when ``k > 1``);
             its covariance is a ``RootLinearOperator`` where the model predicts with a
             LOVE root.
         """
+        if output_indices is not None and list(output_indices) != list(
+            range(self.num_outputs)
+        ):
+            return self.subset_output(list(output_indices)).posterior(
+                X, observation_noise=observation_noise, posterior_transform=posterior_transform
+            )
         self._check_posterior_inputs(X, observation_noise)
         self.eval()
         X_t = self._prediction_inputs(X)
@@ -162,21 +172,41 @@ def assemble_posterior(
         if noise is not None:
             covar = covar.with_noise(noise)
         if outcome_tf is not None:
-            scale = outcome_tf.stdvs.reshape(())
-            mean = outcome_tf.means.reshape(()) + scale * mean
+            shift, scale = _standardize_coefficients(outcome_tf)
+            mean = shift.unsqueeze(-1) + scale.unsqueeze(-1) * mean
             covar = covar.scaled(scale.square())
-        return _untransform(MultivariateNormal(mean, covar), X_t, None, posterior_transform)
+        mvn = MultivariateNormal(mean, covar)
+        return _untransform(mvn, X_t, None, posterior_transform, _num_outputs(model))
     if noise is not None:
         covar = mvn.covariance_matrix + torch.diag_embed(noise)
         mvn = MultivariateNormal(mvn.mean, DenseLinearOperator(covar))
-    return _untransform(mvn, X_t, getattr(model, "outcome_transform", None), posterior_transform)
+    return _untransform(mvn, X_t, outcome_tf, posterior_transform, _num_outputs(model))
+
+
+def _num_outputs(model: torch.nn.Module) -> int:
+    r"""How many outputs ``model`` predicts (as the last batch dim of its latent MVN)."""
+    return getattr(model, "num_outputs", 1)
+
+
+def _standardize_coefficients(transform: Standardize) -> tuple[Tensor, Tensor]:
+    r"""``Standardize``'s means and standard deviations: scalars for one output, ``k``
+    entries for ``k`` (matching a ``... x k`` batch of outputs)."""
+    if transform._m == 1:
+        return transform.means.reshape(()), transform.stdvs.reshape(())
+    return transform.means.reshape(-1), transform.stdvs.reshape(-1)
 
 
 def _observation_noise(
     observation_noise: bool | Tensor, noise_variance: Callable[[], Tensor], shape: torch.Size
 ) -> Tensor | None:
-    """The noise variances to add at the ``shape`` test points, or ``None`` for none."""
+    """The noise variances to add at the ``shape`` test points, or ``None`` for none.
+
+    ``shape`` is ``batch x t`` for one output and ``batch x k x t`` for ``k``; a tensor
+    ``observation_noise`` comes in BoTorch's ``batch x t x k`` layout.
+    """
     if isinstance(observation_noise, Tensor):
+        if observation_noise.shape[-1] > 1:
+            return observation_noise.movedim(-1, -2).expand(shape)
         return observation_noise.squeeze(-1).expand(shape)
     if observation_noise:
         return noise_variance().expand(shape)
@@ -188,7 +218,11 @@ def _untransform(
     X_t: Tensor,
     outcome_tf: OutcomeTransform | None,
     posterior_transform: Any | None,
+    num_outputs: int = 1,
 ) -> GPyTorchPosterior:
+    if num_outputs > 1:
+        # k independent outputs as the last batch dimension -> BoTorch's t x k layout.
+        mvn = MultitaskMultivariateNormal.from_batch_mvn(mvn, task_dim=-1)
     posterior = GPyTorchPosterior(distribution=mvn)
     if outcome_tf is not None:
         posterior = outcome_tf.untransform_posterior(posterior, X=X_t)
@@ -216,10 +250,10 @@ def assemble_root_posterior(
     noise = _observation_noise(observation_noise, noise_variance, mean.shape)
     outcome_tf = getattr(model, "outcome_transform", None)
     if type(outcome_tf) is Standardize:
-        scale = outcome_tf.stdvs.reshape(())
-        mean = outcome_tf.means.reshape(()) + scale * mean
-        root = scale * root
-        noise = None if noise is None else noise * scale.square()
+        shift, scale = _standardize_coefficients(outcome_tf)
+        mean = shift.unsqueeze(-1) + scale.unsqueeze(-1) * mean
+        root = scale[..., None, None] * root
+        noise = None if noise is None else noise * scale.square().unsqueeze(-1)
         outcome_tf = None
     if noise is None:
         covar = RootLinearOperator(root)
@@ -227,4 +261,5 @@ def assemble_root_posterior(
         covar = LowRankRootAddedDiagLinearOperator(
             LowRankRootLinearOperator(root), DiagLinearOperator(noise)
         )
-    return _untransform(MultivariateNormal(mean, covar), X_t, outcome_tf, posterior_transform)
+    mvn = MultivariateNormal(mean, covar)
+    return _untransform(mvn, X_t, outcome_tf, posterior_transform, _num_outputs(model))
