@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 
@@ -28,19 +27,13 @@ import torch
 from gpytorch.kernels import RBFKernel, ScaleKernel
 
 from streamgp import WiskiGP
-from streamgp.utils.machine import machine_info
+from streamgp.utils.machine import machine_info, median_seconds
 
 T, T_DENSE = 10_000, 2_000
 
 
-def seconds(fn, repeats: int = 3) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def seconds(fn) -> float:
+    return median_seconds(fn, repeats=3, warmup=True)
 
 
 def main() -> None:

@@ -23,6 +23,7 @@ from ax.generation_strategy.generator_spec import GeneratorSpec  # noqa: E402
 from ax.generation_strategy.transition_criterion import MinTrials  # noqa: E402
 from ax.generators.torch.botorch_modular.surrogate import SurrogateSpec  # noqa: E402
 from ax.generators.torch.botorch_modular.utils import ModelConfig  # noqa: E402
+from botorch.acquisition.logei import qLogExpectedImprovement  # noqa: E402
 
 from streamgp.ax import StreamingSurrogate, streaming_generation_strategy  # noqa: E402
 from streamgp.models import (  # noqa: E402
@@ -118,12 +119,21 @@ def test_ax_model_options_reach_the_constructor():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model_class", [WiskiGP, OnlineSGPR])
-def test_streaming_surrogate_absorbs_only_new_trials(model_class):
-    strategy = streaming_generation_strategy(model_class, refit_every=4, seed=0)
-    surrogate = strategy.nodes_by_name["MBM"].generator_specs[0].generator_kwargs["surrogate"]
+@pytest.mark.parametrize(
+    "model_class, acqf_class",
+    [(WiskiGP, None), (OnlineSGPR, None), (WiskiGP, qLogExpectedImprovement)],
+    ids=["WiskiGP", "OnlineSGPR", "WiskiGP-qLogEI"],
+)
+def test_streaming_surrogate_absorbs_only_new_trials(model_class, acqf_class):
+    strategy = streaming_generation_strategy(
+        model_class, refit_every=4, seed=0, botorch_acqf_class=acqf_class
+    )
+    spec = strategy.nodes_by_name["MBM"].generator_specs[0]
+    surrogate = spec.generator_kwargs["surrogate"]
     assert isinstance(surrogate, StreamingSurrogate)
     values = _run(_client(strategy))
+    if acqf_class is not None:
+        assert spec.fitted_adapter.generator.botorch_acqf_class is acqf_class
     assert all(math.isfinite(v) for v in values)
     # One model built from the Sobol trials; each later trial absorbed once, by observe.
     num_model_based = NUM_TRIALS - NUM_INITIAL

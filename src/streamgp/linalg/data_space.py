@@ -24,7 +24,7 @@ grows past ``m`` (:class:`~streamgp.linalg.statistics.DataStatistics`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -71,6 +71,10 @@ class DataPosterior:
     chol: Tensor
     whitened: Tensor
     cache: AmortizedCache = field(default_factory=AmortizedCache, compare=False, repr=False)
+
+    def select_outputs(self, pick) -> DataPosterior:
+        r"""The posterior of some outputs (``pick(whitened, -2)``; ``L_B`` is shared)."""
+        return replace(self, whitened=pick(self.whitened, -2))
 
     def grid_cross(self, rows: int, weights: InterpolationWeights | None) -> Tensor | None:
         r"""``G = K_UU W^T L_B^{-T}`` (``m x n``) if cached, or built now that predictions
@@ -189,6 +193,12 @@ class DataCorrection:
     @property
     def rank(self) -> int:
         return self.gamma.shape[-1]
+
+    def select_outputs(self, pick) -> DataCorrection:
+        r"""The correction of some outputs (their targets and ``gamma``; unbatched)."""
+        if self.weights is None:
+            return self
+        return replace(self, y=pick(self.y, -2), gamma=pick(self.gamma, -2))
 
     def condition(
         self, posterior: DataPosterior, W_q: InterpolationWeights, y: Tensor, noise: Tensor

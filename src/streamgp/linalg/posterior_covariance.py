@@ -208,6 +208,9 @@ class PosteriorCovariance(DenseLinearOperator):
         if batch_shape is None:
             batch_shape = torch.broadcast_shapes(*(p.shape[:-2] for p in parts))
         expand = lambda x: x.expand(*batch_shape, *x.shape[-2:])  # noqa: E731
+        # The factors as given (e.g. shared by k outputs): products and norms are taken
+        # on them once and broadcast, not on their expanded views once per batch entry.
+        self._given = (tuple(positive), tuple(negative))
         self.positive = tuple(expand(a) for a in positive)
         self.negative = tuple(expand(n) for n in negative)
         self.noise = None if noise is None else noise.expand(*batch_shape, t)
@@ -226,32 +229,36 @@ class PosteriorCovariance(DenseLinearOperator):
         return self._dense
 
     def _to_dense(self) -> Tensor:
+        positive, negative = self._given
         out = None
-        for a in self.positive:
+        for a in positive:
             block = _gram(a)
             out = block if out is None else out * block
         if self.scale is not None:
             out = self.scale[..., None, None] * out
-        for n in self.negative:
+        for n in negative:
             out = out - n @ n.mT
         if self.noise is not None:
             out = out + torch.diag_embed(self.noise)
+        if out.shape != self._shape:  # shared by the batch: materialise the expansion
+            out = out.expand(self._shape).contiguous()
         return out
 
     def _diagonal(self) -> Tensor:
         if self._dense is not None:
             return self._dense.diagonal(dim1=-2, dim2=-1)
+        positive, negative = self._given
         out = None
-        for a in self.positive:
+        for a in positive:
             block = _row_sq_norms(a)
             out = block if out is None else out * block
         if self.scale is not None:
             out = self.scale[..., None] * out
-        for n in self.negative:
+        for n in negative:
             out = out - _row_sq_norms(n)
         if self.noise is not None:
             out = out + self.noise
-        return out
+        return out.expand(self._shape[:-1])
 
     def _check_args(self, *args, **kwargs) -> None:
         return None
@@ -272,9 +279,7 @@ class PosteriorCovariance(DenseLinearOperator):
     # would read the tensor as a factor, so these return a plain dense operator (or, for
     # batch reshapes, the same lazy covariance with reshaped factors).
     def _expand_batch(self, batch_shape: torch.Size) -> PosteriorCovariance:
-        return PosteriorCovariance(
-            self.positive, self.negative, self.noise, self.scale, torch.Size(batch_shape)
-        )
+        return PosteriorCovariance(*self._given, self.noise, self.scale, torch.Size(batch_shape))
 
     def _getitem(self, row_index, col_index, *batch_indices) -> DenseLinearOperator:
         return DenseLinearOperator(self.tensor)._getitem(row_index, col_index, *batch_indices)
@@ -315,15 +320,14 @@ class PosteriorCovariance(DenseLinearOperator):
     def with_noise(self, noise: Tensor) -> PosteriorCovariance:
         r"""The same covariance plus ``diag(noise)`` (``batch x t``)."""
         total = noise if self.noise is None else self.noise + noise
-        return PosteriorCovariance(
-            self.positive, self.negative, total, self.scale, self._shape[:-2]
-        )
+        return PosteriorCovariance(*self._given, total, self.scale, self._shape[:-2])
 
     def scaled(self, factor: Tensor) -> PosteriorCovariance:
         r"""``factor * Sigma`` for ``factor >= 0`` (an outcome scale squared): a scalar, or
         a batch-broadcastable tensor (each output's own, for a multi-output model)."""
         scale = factor if self.scale is None else self.scale * factor
         root = factor.sqrt()[..., None, None]
-        negative = tuple(root * n for n in self.negative)
+        positive, negative = self._given
+        negative = tuple(root * n for n in negative)
         noise = None if self.noise is None else factor[..., None] * self.noise
-        return PosteriorCovariance(self.positive, negative, noise, scale, self._shape[:-2])
+        return PosteriorCovariance(positive, negative, noise, scale, self._shape[:-2])

@@ -211,6 +211,11 @@ class GridStatistics:
             sum_noise=self.sum_noise * alpha**2,
         )
 
+    def select_outputs(self, pick) -> GridStatistics:
+        r"""The statistics of some outputs: ``pick(tensor, dim)`` selects them along the
+        output dimension ``dim`` of ``b`` and ``c`` (the Gram and noise sums are shared)."""
+        return replace(self, b=pick(self.b, -2), c=pick(self.c, -1))
+
     def apply(self, fn) -> GridStatistics:
         r"""Apply a tensor function (``Module._apply``'s) to every tensor."""
         return replace(
@@ -327,6 +332,10 @@ class DataStatistics:
         r"""The rows with targets ``alpha y + beta`` (and fixed noise ``alpha^2 lambda``)."""
         noise = None if self.noise is None else self.noise * alpha**2
         return DataStatistics(self.weights, alpha * self.y + beta, noise)
+
+    def select_outputs(self, pick) -> DataStatistics:
+        r"""The rows with some outputs' targets (``pick(y, -2)``; rows and noise are shared)."""
+        return replace(self, y=pick(self.y, -2))
 
     def apply(self, fn) -> DataStatistics:
         r"""Apply a tensor function (``Module._apply``'s) to every tensor."""

@@ -29,7 +29,7 @@ Two ways to absorb a batch of ``q`` observations (hyperparameters fixed):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -71,6 +71,11 @@ class GridPosterior:
         if R.dim() != 2 or r < m or R.requires_grad or m * m > MAX_CACHE_ENTRIES:
             return None
         return self.cache.get(work, build_cost=m * m * r, build=lambda: R @ R.mT)
+
+    def select_outputs(self, pick) -> GridPosterior:
+        r"""The posterior of some outputs' grid values (``pick(mean, -2)``); the root and
+        its cache are shared by all outputs."""
+        return GridPosterior(root=self.root, mean=pick(self.mean, -2), cache=self.cache)
 
     def interpolated_root(self, weights: InterpolationWeights) -> InterpolatedRoot:
         r"""The lazy factor ``W_* R`` of the covariance at the rows ``weights``."""
@@ -275,6 +280,10 @@ class LowRankCorrection:
     @property
     def rank(self) -> int:
         return self.V.shape[-1]
+
+    def select_outputs(self, pick) -> LowRankCorrection:
+        r"""The correction of some outputs (``pick(gamma, -2)``; ``V`` is shared)."""
+        return replace(self, gamma=pick(self.gamma, -2))
 
     def condition(
         self, posterior: GridPosterior, W_q: InterpolationWeights, y: Tensor, noise: Tensor

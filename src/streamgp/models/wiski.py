@@ -192,10 +192,16 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
 
     Args:
         train_X: ``n x d`` training inputs (``n`` may be 0).
-        train_Y: ``n x 1`` training targets.
-        train_Yvar: Optional ``n x 1`` observed noise variances. If given, the model
+        train_Y: ``n x k`` training targets. ``k > 1`` gives one model of ``k`` outputs
+            observed at the same inputs (as ``SingleTaskGP``'s ``num_outputs``): they share
+            the kernel hyperparameters and the noise, hence the interpolation rows, the
+            Gram statistics and every factorisation; only ``W^T y``, ``y^T y`` and the
+            means are per output, so ``k`` outputs cost about what one does. Dense grids
+            only (at most ``MAX_DENSE_GRID`` points).
+        train_Yvar: Optional ``n x k`` observed noise variances. If given, the model
             uses fixed heteroskedastic noise and ``observe`` requires ``Yvar``;
-            otherwise the noise level is learned.
+            otherwise the noise level is learned. With ``k > 1`` each row must have one
+            noise variance for all outputs (after the outcome transform).
         grid_size: Grid points per dimension (int or one per dimension), including
             the one-spacing padding beyond ``grid_bounds``. Default: about 1024
             points in total (32 per dimension in 2-D, 10 in 3-D).
@@ -241,6 +247,7 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         >>> posterior = model.posterior(torch.rand(5, 2, dtype=torch.float64))
     """
 
+    #: Set per model from ``train_Y``'s columns.
     _num_outputs = 1
     #: Largest grid that keeps the exact dense ``m x m`` root; larger grids use the
     #: structured LOVE path (decided at construction).
@@ -736,6 +743,11 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
             The model itself. Learned (homoskedastic) noise only: grid statistics with
             fixed noise keep only noise-weighted target sums.
         """
+        if self._num_outputs > 1:
+            raise ValueError(
+                "restandardize needs a single-output model: re-estimating each output's "
+                "scale would give the outputs different noise levels, which they share."
+            )
         transform = getattr(self, "outcome_transform", None)
         if not isinstance(transform, Standardize) or transform._m != 1:
             raise ValueError(
@@ -749,11 +761,7 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
             )
         if len(self.batch_shape) > 0:
             raise RuntimeError("restandardize is not available on a batched (fantasy) model.")
-        if self._num_outputs > 1:
-            raise ValueError(
-                "restandardize needs a single-output model: re-estimating each output's "
-                "scale would give the outputs different noise levels, which they share."
-            )
+
         self._fold_observed()
         statistics = self._statistics
         n = statistics.count
@@ -861,8 +869,8 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
 
         Args:
             X: ``q x d`` new inputs (original space).
-            Y: ``q x 1`` new targets (original space).
-            Yvar: ``q x 1`` noise variances (original space); required exactly when
+            Y: ``q x k`` new targets (``k`` outputs) (original space).
+            Yvar: ``q x k`` noise variances (original space); required exactly when
                 the model was built with ``train_Yvar``.
 
         Returns:
@@ -966,8 +974,8 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
 
         Args:
             X: ``batch_shape x q x d`` inputs (original space).
-            Y: ``sample_shape x batch_shape x q x 1`` targets (original space).
-            noise: Optional ``batch_shape x q x 1`` noise variances in the
+            Y: ``sample_shape x batch_shape x q x k`` targets (original space).
+            noise: Optional ``batch_shape x q x k`` noise variances in the
                 outcome-transformed space (BoTorch's convention); default: the
                 model's noise level (mean training noise for fixed noise).
 
@@ -989,13 +997,59 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         posterior = self.exact_posterior()
         y = self._targets(Y_t)
         noise_q = self._row_noise(conditioning_noise(noise, self, X))
-        correction = self._current_correction().condition(
-            posterior, self._rows(X_t), y, noise_q
-        )
+        correction = self._current_correction().condition(posterior, self._rows(X_t), y, noise_q)
         new = self._view()
         new._correction = correction
         new._conditioning_log = [*self._conditioning_log, (X_t, y, noise_q)]
         new._log_from_observe = False
+        return new
+
+    def subset_output(self, idcs: list[int]) -> WiskiGP:
+        r"""A model of the outputs ``idcs`` only, as BoTorch's ``subset_output``.
+
+        A view: the rows, the Gram statistics and the root stay shared; only the selected
+        outputs' targets, ``W^T y``, ``y^T y`` and grid means are taken (``O(|idcs| m)``).
+        The outcome transform is subset with it. For a model without a batch (fantasy)
+        shape.
+
+        Args:
+            idcs: Output indices, each in ``[0, num_outputs)``.
+
+        Returns:
+            A ``WiskiGP`` with ``len(idcs)`` outputs (single-output for one index).
+        """
+        k = self._num_outputs
+        idcs = list(idcs)
+        if not idcs or any(not isinstance(i, int) or not 0 <= i < k for i in idcs):
+            raise ValueError(f"idcs must be output indices in [0, {k}), got {idcs}.")
+        if len(self.batch_shape) > 0:
+            raise RuntimeError(
+                "subset_output is not available on a model conditioned on batched (fantasy) "
+                "observations; take it on the parent model."
+            )
+        new = self._view()
+        if idcs == list(range(k)):
+            return new
+        index = torch.tensor(idcs, device=self.interpolation.bounds.device)
+
+        def pick(tensor: Tensor, dim: int) -> Tensor:  # ``dim``: the output dimension
+            if k == 1:
+                return tensor
+            if len(idcs) == 1:
+                return tensor.select(dim, idcs[0])
+            return tensor.index_select(dim, index)
+
+        new._num_outputs = len(idcs)
+        new._statistics = self._statistics.select_outputs(pick)
+        if self._posterior is not None:
+            new._posterior = self._posterior.select_outputs(pick)
+        if self._correction is not None:
+            new._correction = self._correction.select_outputs(pick)
+        new._conditioning_log = [(X, pick(y, -2), noise) for X, y, noise in self._conditioning_log]
+        new._love_cache = None
+        transform = getattr(self, "outcome_transform", None)
+        if transform is not None:
+            new.outcome_transform = transform.subset_output(idcs)
         return new
 
     def _view(self) -> WiskiGP:

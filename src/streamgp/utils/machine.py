@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
+import time
+from collections.abc import Callable
 from typing import Any
 
 import botorch
@@ -45,3 +48,21 @@ def machine_info(device: str | torch.device = "cpu", **extra: Any) -> dict[str, 
         info["gpu"] = torch.cuda.get_device_name(device)
     info.update(extra)
     return info
+
+
+def median_seconds(fn: Callable[[], Any], repeats: int = 3, warmup: bool = False) -> float:
+    r"""Median wall-clock seconds of ``repeats`` calls of ``fn`` (after one untimed call
+    with ``warmup``); the median, because shared machines have noisy tails.
+
+    Example:
+        >>> median_seconds(lambda: sum(range(1000)), repeats=3) >= 0.0
+        True
+    """
+    if warmup:
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)

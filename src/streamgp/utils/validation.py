@@ -191,9 +191,7 @@ def check_new_observations(
     check_tensor(X, "X", like=like, min_dim=2, last_dim=dim)
     if X.dim() != 2:
         raise ValueError(f"X must have shape q x d, got {tuple(X.shape)}.")
-    check_targets(
-        check_tensor(Y, "Y", like=like, min_dim=2), "Y", len(X), num_outputs=num_outputs
-    )
+    check_targets(check_tensor(Y, "Y", like=like, min_dim=2), "Y", len(X), num_outputs=num_outputs)
     if fixed_noise and Yvar is None:
         raise ValueError("Yvar is required: this model uses fixed noise (train_Yvar).")
     if not fixed_noise and Yvar is not None:

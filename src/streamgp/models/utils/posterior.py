@@ -31,6 +31,7 @@ from botorch.posteriors.gpytorch import GPyTorchPosterior
 from gpytorch.distributions import MultitaskMultivariateNormal, MultivariateNormal
 from gpytorch.likelihoods import GaussianLikelihood
 from linear_operator.operators import (
+    BlockDiagLinearOperator,
     DenseLinearOperator,
     DiagLinearOperator,
     LowRankRootAddedDiagLinearOperator,
@@ -93,9 +94,7 @@ class PosteriorMixin:
             its covariance is a ``RootLinearOperator`` where the model predicts with a
             LOVE root.
         """
-        if output_indices is not None and list(output_indices) != list(
-            range(self.num_outputs)
-        ):
+        if output_indices is not None and list(output_indices) != list(range(self.num_outputs)):
             return self.subset_output(list(output_indices)).posterior(
                 X, observation_noise=observation_noise, posterior_transform=posterior_transform
             )
@@ -221,8 +220,11 @@ def _untransform(
     num_outputs: int = 1,
 ) -> GPyTorchPosterior:
     if num_outputs > 1:
-        # k independent outputs as the last batch dimension -> BoTorch's t x k layout.
-        mvn = MultitaskMultivariateNormal.from_batch_mvn(mvn, task_dim=-1)
+        # k independent outputs as the last batch dimension -> BoTorch's t x k layout,
+        # block diagonal and not interleaved (as ``from_independent_mvns`` builds it, which
+        # BoTorch's samplers and hypervolume acquisitions expect).
+        covar = BlockDiagLinearOperator(mvn.lazy_covariance_matrix, block_dim=-3)
+        mvn = MultitaskMultivariateNormal(mvn.mean.mT, covar, interleaved=False)
     posterior = GPyTorchPosterior(distribution=mvn)
     if outcome_tf is not None:
         posterior = outcome_tf.untransform_posterior(posterior, X=X_t)
