@@ -72,6 +72,26 @@ def test_batch_reshapes_and_indexing_match_the_dense_matrix():
     torch.testing.assert_close(swapped.to_dense(), (root @ root.mT).unsqueeze(1).expand(2, 3, 5, 5))
 
 
+def test_conversions_and_per_output_scales_keep_the_matrix():
+    """linear_operator's generic to / clone / detach / type rebuild from the factors, and a
+    per-batch scale (one per output) scales each batch entry."""
+    root, negative = torch.randn(5, 7, dtype=DTYPE), torch.randn(3, 5, 2, dtype=DTYPE)
+    covar = PosteriorCovariance((root,), (negative,), torch.rand(3, 5, dtype=DTYPE))
+    scales = torch.tensor([1.0, 4.0, 9.0], dtype=DTYPE)
+    scaled = covar.scaled(scales)
+    dense = covar.to_dense()
+    torch.testing.assert_close(scaled.to_dense(), scales[:, None, None] * dense)
+    torch.testing.assert_close(scaled.diagonal(), scales[:, None] * dense.diagonal(0, -2, -1))
+    torch.testing.assert_close(scaled.permute(0, 1, 2).to_dense(), scaled.to_dense())
+    torch.testing.assert_close(scaled.unsqueeze(0).to_dense()[0], scaled.to_dense())
+    for converted in (scaled.clone(), scaled.detach(), scaled.to(torch.float64), scaled.cpu()):
+        assert isinstance(converted, PosteriorCovariance)
+        torch.testing.assert_close(converted.to_dense(), scaled.to_dense())
+    single = scaled.type(torch.float32)
+    assert single.dtype == torch.float32
+    torch.testing.assert_close(single.to_dense(), scaled.to_dense().float())
+
+
 def _grid_model(X: Tensor, data_space_limit: int | None) -> WiskiGP:
     Y = torch.sin(5 * X).sum(-1, keepdim=True)
     model = WiskiGP(

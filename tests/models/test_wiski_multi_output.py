@@ -12,6 +12,7 @@ import pytest
 import torch
 from botorch.acquisition.multi_objective.logei import qLogNoisyExpectedHypervolumeImprovement
 from botorch.fit import fit_gpytorch_mll
+from botorch.models import ModelListGP
 from botorch.models.transforms import Normalize, Standardize
 from botorch.optim import optimize_acqf
 from botorch.sampling import SobolQMCNormalSampler
@@ -173,6 +174,27 @@ def test_subset_output_and_output_indices_equal_the_single_output_model():
     assert one.num_train == 305 and multi.num_train == 302
     with pytest.raises(ValueError, match="idcs"):
         multi.subset_output([3])
+
+
+def test_in_a_model_list_with_a_single_output_model():
+    """BoTorch's ModelListGP stacks a multitask and a plain posterior (and moves the
+    covariance with ``to``): it equals the separate posteriors."""
+    torch.manual_seed(8)
+    X = inputs(40)
+    multi, singles = build(X, targets(X))
+    set_hyperparameters(multi, *singles)
+    model_list = ModelListGP(multi.subset_output([0, 1]), singles[2])
+    test_X = inputs(5)
+    posterior = model_list.posterior(test_X)
+    assert posterior.mean.shape == torch.Size([5, K])
+    for j, single in enumerate(singles):
+        expected = single.posterior(test_X)
+        torch.testing.assert_close(
+            posterior.mean[..., j], expected.mean[..., 0], atol=1e-10, rtol=0
+        )
+        torch.testing.assert_close(
+            posterior.variance[..., j], expected.variance[..., 0], atol=1e-10, rtol=0
+        )
 
 
 def test_fixed_noise_shared_by_the_outputs():

@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import torch
 from linear_operator.operators import DenseLinearOperator
+from linear_operator.utils.generic import _to_helper
 from torch import Tensor
 
 #: Largest cached matrix (entries) a posterior keeps to speed up predictions: an exact
@@ -310,6 +311,42 @@ class PosteriorCovariance(DenseLinearOperator):
             self._batch_scale(lambda scale: scale.permute(*dims)),
             torch.Size([batch[d] for d in dims]),
         )
+
+    # linear_operator's generic conversions rebuild an operator from its ``_args`` (here
+    # the flattened factor tensors, not constructor arguments): these rebuild it from the
+    # factors instead. Lazily interpolated factors are formed first (a rare path:
+    # BoTorch's ModelListGP moves a mixed multitask covariance with ``to``).
+    def _rebuild(self, fn: Callable[[Tensor], Tensor]) -> PosteriorCovariance:
+        def factor(a: Tensor | InterpolatedRoot) -> Tensor:
+            return fn(a.tensor if isinstance(a, InterpolatedRoot) else a)
+
+        positive, negative = self._given
+        return PosteriorCovariance(
+            tuple(factor(a) for a in positive),
+            tuple(factor(n) for n in negative),
+            None if self.noise is None else fn(self.noise),
+            None if self.scale is None else fn(self.scale),
+            self._shape[:-2],
+        )
+
+    def to(self, *args, **kwargs) -> PosteriorCovariance:
+        device, dtype = _to_helper(*args, **kwargs)
+        return self._rebuild(lambda x: x.to(device=device, dtype=dtype))
+
+    def type(self, dtype: torch.dtype) -> PosteriorCovariance:
+        return self._rebuild(lambda x: x.to(dtype))
+
+    def cpu(self) -> PosteriorCovariance:
+        return self._rebuild(lambda x: x.cpu())
+
+    def cuda(self, device_id: int | str | None = None) -> PosteriorCovariance:
+        return self._rebuild(lambda x: x.cuda(device_id))
+
+    def clone(self) -> PosteriorCovariance:
+        return self._rebuild(torch.clone)
+
+    def detach(self) -> PosteriorCovariance:
+        return self._rebuild(lambda x: x.detach())
 
     def _batch_scale(self, reshape: Callable[[Tensor], Tensor]) -> Tensor | None:
         # A per-batch scale follows a batch reshape; a scalar one needs nothing.
