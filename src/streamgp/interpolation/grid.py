@@ -264,7 +264,7 @@ class CubicGridInterpolation:
 
     @property
     def num_grid(self) -> int:
-        return int(torch.tensor(self.grid_size).prod().item())
+        return math.prod(self.grid_size)
 
     def grid_points(self) -> Tensor:
         r"""All ``m x d`` grid points, first dimension slowest."""
