@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION := 2.13.0
 
-.PHONY: demo test lint format clean
+.PHONY: demo test tutorials lint format clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,13 +18,18 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(PY) -m streamgp.demo
 
-# The test suite also covers the optional extras: Ax (streamgp[ax]) and Dask (streamgp[cluster]).
+# The test suite also covers the optional extras: Ax (streamgp[ax]), Dask (streamgp[cluster])
+# and the tutorial notebooks (streamgp[tutorials], executed in their quick mode).
 $(VENV)/.installed-extras: $(VENV)/.installed
-	$(PY) -m pip install --quiet -e ".[test,plots,ax,cluster]"
+	$(PY) -m pip install --quiet -e ".[test,plots,ax,cluster,tutorials]"
 	touch $@
 
 test: $(VENV)/.installed-extras
 	$(PY) -m pytest -q
+
+# Re-execute every notebook with full settings and store its outputs (figures included).
+tutorials: $(VENV)/.installed-extras
+	$(PY) tutorials/run_notebooks.py
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests benchmarks
