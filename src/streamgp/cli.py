@@ -356,6 +356,7 @@ def _active(args: argparse.Namespace) -> None:
             progress=not args.no_progress,
             plots=not args.no_plots,
             executor=executor,
+            malaria_map=True,
         )
     _print_summary(results, ["model", "acquisition"], "test_rmse")
     print(f"results written to {args.out}/")

@@ -188,13 +188,18 @@ def run_active_experiment(
     plots: bool = True,
     checkpoint_every: int = 10,
     executor: Executor | Any | None = None,
+    malaria_map: bool = False,
 ) -> pd.DataFrame:
     r"""Active learning on a pool/test split with each model and acquisition.
 
     Writes ``<name>.csv`` (curves), ``<name>.png`` (RMSE and time per step) and
     ``<name>_queries.png`` (map of the first trial's queries) to ``out``.
-    Other arguments (``executor`` included): as :func:`run_bo_experiment` and
-    :class:`~streamgp.loops.ActiveLearningLoop`.
+    With ``malaria_map`` (inputs are longitude and latitude, as ``streamgp active``'s)
+    that map is :func:`~streamgp.plotting.plot_malaria_map`: each first-trial run's
+    posterior mean and standard deviation over the pool and test cells with its queries,
+    its model restored from the run's checkpoint; otherwise a scatter of the queries
+    over the test inputs. Other arguments (``executor`` included): as
+    :func:`run_bo_experiment` and :class:`~streamgp.loops.ActiveLearningLoop`.
     """
     out = None if out is None else Path(out)
     tasks = []
@@ -246,10 +251,20 @@ def run_active_experiment(
         out.mkdir(parents=True, exist_ok=True)
         results.to_csv(out / f"{name}.csv", index=False)
         if plots:
-            from streamgp.plotting import plot_active, plot_queries
+            from streamgp.plotting import plot_active, plot_malaria_map, plot_queries
 
             plot_active(results, out / f"{name}.png", title=name)
-            plot_queries(test_X.cpu(), pool_X.cpu(), chosen, num_init, out / f"{name}_queries.png")
+            if malaria_map:
+                runs = {}
+                for task in tasks:
+                    if task.keep_chosen:
+                        label = f"{task.labels['model']} / {task.labels['acquisition']}"
+                        runs[label] = task.build(**task.options).load(task.checkpoint)
+                plot_malaria_map(runs, out / f"{name}_queries.png", title=name)
+            else:
+                plot_queries(
+                    test_X.cpu(), pool_X.cpu(), chosen, num_init, out / f"{name}_queries.png"
+                )
     return results
 
 
