@@ -49,6 +49,9 @@ KernelFactory = Callable[[int], Kernel]
 class Surrogate(ABC):
     r"""A model the loops can build, update, refit and hand to BoTorch.
 
+    A subclass builds its model (``self._model``) in its constructor and implements
+    the updates, the refit and the state.
+
     Args:
         train_X: ``n x d`` initial inputs (in the unit cube for the loops).
         train_Y: ``n x 1`` initial targets.
@@ -58,6 +61,8 @@ class Surrogate(ABC):
 
     #: Registry name (``make_surrogate``).
     name: str = ""
+    #: The current model, built by the subclass's constructor.
+    _model: Model
 
     def __init__(
         self,
@@ -71,9 +76,9 @@ class Surrogate(ABC):
         self.kernel_factory = kernel_factory
 
     @property
-    @abstractmethod
     def model(self) -> Model:
         r"""The current BoTorch model, in eval mode."""
+        return self._model
 
     @abstractmethod
     def update(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> None:
@@ -118,7 +123,8 @@ class _GridSurrogate(Surrogate):
     r"""A grid model (``model_cls``) built on the initial design, absorbing by ``observe``.
 
     The outcome is standardised with the statistics of the initial design, then frozen
-    (grid models freeze their transforms). Refits maximise ``mll_cls``.
+    (grid models freeze their transforms). Refits maximise ``mll_cls``. A subclass
+    passes its own constructor options with :meth:`_model_options`.
 
     The default kernel is BoTorch's dim-scaled-prior RBF inside a ``ScaleKernel``.
     BoTorch drops the outputscale because it re-standardises the outcome on all data;
@@ -145,21 +151,22 @@ class _GridSurrogate(Surrogate):
         self.initial = (train_X, train_Y, train_Yvar)
         self._model = self._build()
 
-    def _build(self):
+    def _build(self) -> WiskiGP | KissGP:
         X, Y, Yvar = self.initial
+        dim = X.shape[-1]
         model = self.model_cls(
             X,
             Y,
             Yvar,
-            grid_size=self.grid_size,
-            covar_module=self._covar_module(X.shape[-1]) or _scaled_default_kernel(X.shape[-1]),
+            covar_module=self._covar_module(dim) or _scaled_default_kernel(dim),
             outcome_transform=Standardize(m=1),
+            **self._model_options(X),
         )
         return model.eval()
 
-    @property
-    def model(self):
-        return self._model
+    def _model_options(self, train_X: Tensor) -> dict[str, Any]:
+        r"""Keyword arguments of ``model_cls`` beyond the data, kernel and transform."""
+        return {"grid_size": self.grid_size}
 
     def update(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> None:
         self._model.observe(X, Y, Yvar)
@@ -168,7 +175,22 @@ class _GridSurrogate(Surrogate):
         _fit(self.mll_cls(self._model.likelihood, self._model), max_iter)
 
 
-class WiskiSurrogate(_GridSurrogate):
+class _CheckpointedSurrogate(Surrogate):
+    r"""A surrogate whose state is its streaming model's own ``checkpoint``.
+
+    The model (:class:`WiskiGP`, :class:`OnlineSVGP`, ...) saves everything it needs to
+    continue the stream, so a resumed run is the uninterrupted one.
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self._model.checkpoint()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._model.restore(state["model"])
+        self._model.eval()
+
+
+class WiskiSurrogate(_CheckpointedSurrogate, _GridSurrogate):
     r""":class:`WiskiGP` with constant-time updates and refits (it stores no data).
 
     Args:
@@ -186,13 +208,6 @@ class WiskiSurrogate(_GridSurrogate):
     name = "wiski"
     model_cls = WiskiGP
     mll_cls = WoodburyMarginalLogLikelihood
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"model": self._model.checkpoint()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._model.restore(state["model"])
-        self._model.eval()
 
 
 class KissSurrogate(_GridSurrogate):
@@ -235,7 +250,7 @@ class KissSurrogate(_GridSurrogate):
         self._model.eval()
 
 
-class OnlineSVGPSurrogate(Surrogate):
+class OnlineSVGPSurrogate(_CheckpointedSurrogate):
     r""":class:`OnlineSVGP` (O-SVGP with generalized-VI weight ``beta``) for the loops.
 
     A batch is absorbed with ``update_steps`` Adam steps on its streaming bound; a
@@ -309,10 +324,6 @@ class OnlineSVGPSurrogate(Surrogate):
             outcome_transform=Standardize(m=1),
         )
 
-    @property
-    def model(self) -> OnlineSVGP:
-        return self._model
-
     def update(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> None:
         if Yvar is not None:
             raise ValueError("osvgp: known observation noise (Yvar) is not supported.")
@@ -320,13 +331,6 @@ class OnlineSVGPSurrogate(Surrogate):
 
     def fit(self, max_iter: int | None = None) -> None:
         self._model.refine(self.fit_steps if max_iter is None else int(max_iter))
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"model": self._model.checkpoint()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._model.restore(state["model"])
-        self._model.eval()
 
 
 class ExactSurrogate(Surrogate):
@@ -379,10 +383,6 @@ class ExactSurrogate(Surrogate):
             if not key.startswith("outcome_transform") and "noise_covar.noise" not in key
         }
 
-    @property
-    def model(self) -> SingleTaskGP:
-        return self._model
-
     def update(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> None:
         if (Yvar is None) == self.fixed_noise:
             raise ValueError("Yvar must be given exactly when the surrogate has fixed noise.")
@@ -428,6 +428,7 @@ class SoftKISurrogate(WiskiSurrogate):
     """
 
     name = "softki"
+    model_cls = OnlineSoftKIGP
 
     def __init__(
         self,
@@ -443,19 +444,9 @@ class SoftKISurrogate(WiskiSurrogate):
         self.seed = seed
         super().__init__(train_X, train_Y, train_Yvar, kernel_factory=kernel_factory)
 
-    def _build(self) -> OnlineSoftKIGP:
-        X, Y, Yvar = self.initial
-        dim = X.shape[-1]
-        model = OnlineSoftKIGP(
-            X,
-            Y,
-            Yvar,
-            covar_module=self._covar_module(dim) or _scaled_default_kernel(dim),
-            outcome_transform=Standardize(m=1),
-            inducing_points=_sobol_points(self.num_inducing, dim, self.seed, X),
-            pretrain_epochs=0,
-        )
-        return model.eval()
+    def _model_options(self, train_X: Tensor) -> dict[str, Any]:
+        points = _sobol_points(self.num_inducing, train_X.shape[-1], self.seed, train_X)
+        return {"inducing_points": points, "pretrain_epochs": 0}
 
 
 SURROGATES: dict[str, type[Surrogate]] = {

@@ -109,12 +109,12 @@ from streamgp.linalg.structured import structured_grid_posterior
 from streamgp.linalg.woodbury import GridPosterior, LowRankCorrection, factorize
 from streamgp.models.base import construct_inputs_with_options
 from streamgp.models.utils import (
+    CachedPosteriorMixin,
     PosteriorMixin,
     conditioning_noise,
     correction_batch_shape,
     fit_frozen_transforms,
-    parameter_snapshot,
-    parameters_unchanged,
+    invalidate_after_load,
     shallow_view,
     transform_new_data,
 )
@@ -127,10 +127,6 @@ from streamgp.utils.validation import (
     check_new_observations,
     check_tensor,
 )
-
-
-def _invalidate_after_load(module: KissGP, incompatible_keys: Any) -> None:
-    module._invalidate()  # loaded buffers (e.g. the grid) may differ from the cached ones
 
 
 class SKIKernel(GridInterpolationKernel):
@@ -174,7 +170,7 @@ class SKIKernel(GridInterpolationKernel):
         return KroneckerProductLinearOperator(*factors)  # first factor slowest, as W
 
 
-class KissGP(PosteriorMixin, GPyTorchModel, ExactGP, FantasizeMixin):
+class KissGP(CachedPosteriorMixin, PosteriorMixin, GPyTorchModel, ExactGP, FantasizeMixin):
     r"""KISS-GP (exact GP with an interpolated grid kernel) with LOVE predictions.
 
     Args:
@@ -221,6 +217,10 @@ class KissGP(PosteriorMixin, GPyTorchModel, ExactGP, FantasizeMixin):
     STATISTICS_CHUNK = 8192
 
     construct_inputs = classmethod(construct_inputs_with_options)
+    #: The weighted statistics of the data (see also ``_posterior_cache``).
+    cached_attributes = ("_statistics",)
+    _statistics: tuple[Tensor, Tensor] | None
+    _correction: LowRankCorrection | None
 
     def __init__(
         self,
@@ -265,11 +265,9 @@ class KissGP(PosteriorMixin, GPyTorchModel, ExactGP, FantasizeMixin):
         self.mean_module = ZeroMean()
         self.covar_module = SKIKernel(covar_module, self.interpolation).to(**tkwargs)
         self._set_data(transformed_X, train_Y.squeeze(-1), train_Yvar)
-        self.register_load_state_dict_post_hook(_invalidate_after_load)
-        self._correction: LowRankCorrection | None = None
-        # Transformed (X, y, noise) of each conditioning, replayed after a
-        # hyperparameter change.
-        self._conditioning_log: list[tuple[Tensor, Tensor, Tensor]] = []
+        # Loaded buffers (e.g. the grid) may differ from those the caches were built on.
+        self.register_load_state_dict_post_hook(invalidate_after_load)
+        self._clear_caches()
 
     # ------------------------------------------------------------------ state
     @property
@@ -285,18 +283,15 @@ class KissGP(PosteriorMixin, GPyTorchModel, ExactGP, FantasizeMixin):
         self._invalidate()
 
     def _invalidate(self) -> None:
-        self._statistics: tuple[Tensor, Tensor] | None = None
+        super()._invalidate()
+        # Grid posteriors by kind ("exact", ("love", tolerance)): emptied, not None.
         self._posterior_cache: dict[str, Any] = {}
-        self._hyper_snapshot: list[Tensor] | None = None
 
-    def _apply(self, fn, *args, **kwargs):
-        # Device/dtype moves: the grid and the caches follow the training data.
-        super()._apply(fn, *args, **kwargs)
+    def _apply_to_state(self, fn) -> None:
+        # Device/dtype moves: the grid (not a buffer) follows the training data.
         like = self.train_targets
         self.interpolation = self.interpolation.to(device=like.device, dtype=like.dtype)
         self.covar_module.interpolation = self.interpolation
-        self._invalidate()
-        return self
 
     def _set_transformed_inputs(self) -> None:
         # Inputs are transformed when they arrive; train_inputs are already transformed.
@@ -327,11 +322,10 @@ class KissGP(PosteriorMixin, GPyTorchModel, ExactGP, FantasizeMixin):
         return noise
 
     def _check_hyperparameters(self) -> None:
-        current = list(self.parameters())
-        if parameters_unchanged(current, self._hyper_snapshot):
+        if self._hyperparameters_unchanged():
             return
         self._posterior_cache = {}
-        self._hyper_snapshot = parameter_snapshot(current)
+        self._snapshot_hyperparameters()
         if self._conditioning_log:  # replay (keeps gradients w.r.t. conditioning inputs)
             posterior = self.grid_posterior()
             correction = LowRankCorrection.empty(posterior.root.shape[-1], self.train_targets)
@@ -499,8 +493,7 @@ class KissGP(PosteriorMixin, GPyTorchModel, ExactGP, FantasizeMixin):
         X_all = torch.cat([p[0] for p in parts])
         y_all = torch.cat([p[1] for p in parts])
         noise_all = torch.cat([p[2] for p in parts]) if self.fixed_noise else None
-        self._correction = None
-        self._conditioning_log = []
+        self._clear_caches()  # the conditioning is now data
         self._set_data(X_all, y_all, noise_all)
         return self
 

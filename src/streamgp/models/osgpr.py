@@ -76,10 +76,12 @@ from streamgp.linalg.sparse_gp import (
 from streamgp.linalg.woodbury import LowRankCorrection
 from streamgp.models.base import StreamingModelMixin
 from streamgp.models.utils import (
+    CachedPosteriorMixin,
     MutableState,
     TransactionalMixin,
     conditioning_noise,
     correction_batch_shape,
+    invalidate_after_load,
     parameter_snapshot,
     parameters_unchanged,
     shallow_view,
@@ -112,11 +114,14 @@ class _LastBatch(NamedTuple):
     summary: PseudoObservations
 
 
-def _invalidate_after_load(module: OnlineSGPR, incompatible_keys: Any) -> None:
-    module._invalidate()
-
-
-class OnlineSGPR(StreamingModelMixin, TransactionalMixin, GPyTorchModel, GP, FantasizeMixin):
+class OnlineSGPR(
+    CachedPosteriorMixin,
+    StreamingModelMixin,
+    TransactionalMixin,
+    GPyTorchModel,
+    GP,
+    FantasizeMixin,
+):
     r"""Streaming collapsed sparse variational GP (O-SGPR) with closed-form conditioning.
 
     Args:
@@ -170,6 +175,11 @@ class OnlineSGPR(StreamingModelMixin, TransactionalMixin, GPyTorchModel, GP, Fan
         generators=("_generator",),
         objects=("inducing_selector",),
     )
+    #: Rebuilt from the summary buffers on demand, conditioning replayed (and absorbed
+    #: by the next ``observe``). The whole state is in buffers, which torch moves.
+    cached_attributes = ("_posterior",)
+    _posterior: SparsePosterior | None
+    _correction: LowRankCorrection | None
 
     def __init__(
         self,
@@ -290,7 +300,7 @@ class OnlineSGPR(StreamingModelMixin, TransactionalMixin, GPyTorchModel, GP, Fan
             ("num_observed", train_X.new_zeros(())),
         ]:
             self.register_buffer(name, value)
-        self.register_load_state_dict_post_hook(_invalidate_after_load)
+        self.register_load_state_dict_post_hook(invalidate_after_load)
         self._clear_caches()
         self._last_batch: _LastBatch | None = None
         self._last_batch_hypers: list[Tensor] | None = None
@@ -310,25 +320,6 @@ class OnlineSGPR(StreamingModelMixin, TransactionalMixin, GPyTorchModel, GP, Fan
             self._absorb(transformed_X, y, first)
 
     # ------------------------------------------------------------------ state
-    def _clear_caches(self) -> None:
-        self._invalidate()
-        self._correction: LowRankCorrection | None = None
-        # Transformed (X, y, noise) of each conditioning: replayed after a
-        # hyperparameter change and absorbed by the next ``observe``.
-        self._conditioning_log: list[tuple[Tensor, Tensor, Tensor]] = []
-
-    def _invalidate(self) -> None:
-        r"""Drop derived factors; the next prediction rebuilds them from the state."""
-        self._posterior: SparsePosterior | None = None
-        self._hyper_snapshot: list[Tensor] | None = None
-
-    def _apply(self, fn, *args, **kwargs):
-        # Device/dtype moves (also no-op ``.to`` calls by BoTorch): the state is in
-        # buffers; derived factors are rebuilt (conditioning is replayed) on demand.
-        super()._apply(fn, *args, **kwargs)
-        self._invalidate()
-        return self
-
     @property
     def pseudo_observations(self) -> PseudoObservations:
         r"""Summary of all data absorbed by ``observe`` (:mod:`streamgp.linalg.sparse_gp`)."""
@@ -368,13 +359,8 @@ class OnlineSGPR(StreamingModelMixin, TransactionalMixin, GPyTorchModel, GP, Fan
             )
         return noise
 
-    def _hyperparameters(self) -> list[Tensor]:
-        return list(self.parameters())
-
     def _caches_valid(self) -> bool:
-        return self._posterior is not None and parameters_unchanged(
-            self._hyperparameters(), self._hyper_snapshot
-        )
+        return self._posterior is not None and self._hyperparameters_unchanged()
 
     def sparse_posterior(self) -> SparsePosterior:
         r"""The collapsed ``q(u)`` of the data absorbed by ``observe`` (before conditioning).
@@ -388,7 +374,7 @@ class OnlineSGPR(StreamingModelMixin, TransactionalMixin, GPyTorchModel, GP, Fan
                 self._posterior = sparse_posterior(
                     self.covar_module, self.pseudo_observations, self.jitter
                 )
-                self._hyper_snapshot = parameter_snapshot(self._hyperparameters())
+                self._snapshot_hyperparameters()
             # Replay conditioning (keeps gradients w.r.t. the conditioning inputs).
             self._correction = None
             for X_q, y_q, noise_q in self._conditioning_log:

@@ -81,13 +81,13 @@ from streamgp.linalg.posterior_covariance import PosteriorCovariance
 from streamgp.linalg.woodbury import GridPosterior, LowRankCorrection
 from streamgp.models.base import StreamingModelMixin
 from streamgp.models.utils import (
+    CachedPosteriorMixin,
     MutableState,
     TransactionalMixin,
     conditioning_noise,
     correction_batch_shape,
     fit_frozen_transforms,
-    parameter_snapshot,
-    parameters_unchanged,
+    invalidate_after_load,
     shallow_view,
     transaction,
     transform_new_data,
@@ -254,11 +254,14 @@ def hutchinson_pseudo_loss(
 
 
 # ------------------------------------------------------------------------- model
-def _invalidate_after_load(module: SoftKIGP, incompatible_keys: Any) -> None:
-    module._invalidate()
-
-
-class SoftKIGP(StreamingModelMixin, TransactionalMixin, GPyTorchModel, GP, FantasizeMixin):
+class SoftKIGP(
+    CachedPosteriorMixin,
+    StreamingModelMixin,
+    TransactionalMixin,
+    GPyTorchModel,
+    GP,
+    FantasizeMixin,
+):
     r"""Batch SoftKI Gaussian process: kernel ``W K_zz W^T`` on learned softmax points.
 
     Args:
@@ -296,6 +299,11 @@ class SoftKIGP(StreamingModelMixin, TransactionalMixin, GPyTorchModel, GP, Fanta
     data_state_prefixes = _DATA_KEY_PREFIXES
     #: What a failed :meth:`fit` restores: the parameters it optimises in place.
     mutable_state = MutableState(modules=("",))
+    #: The factorisation of all data, rebuilt on demand (conditioning replayed). The
+    #: data are buffers, which torch moves.
+    cached_attributes = ("_posterior",)
+    _posterior: GridPosterior | None
+    _correction: LowRankCorrection | None
 
     def __init__(
         self,
@@ -377,7 +385,7 @@ class SoftKIGP(StreamingModelMixin, TransactionalMixin, GPyTorchModel, GP, Fanta
         self.register_parameter("raw_temperature", torch.nn.Parameter(torch.zeros((), **tkwargs)))
         self.register_constraint("raw_temperature", Positive())
         self.temperature = temperature
-        self.register_load_state_dict_post_hook(_invalidate_after_load)
+        self.register_load_state_dict_post_hook(invalidate_after_load)
         self._clear_caches()
 
     # ------------------------------------------------------------------ state
@@ -422,28 +430,8 @@ class SoftKIGP(StreamingModelMixin, TransactionalMixin, GPyTorchModel, GP, Fanta
             )
         return noise
 
-    def _clear_caches(self) -> None:
-        self._invalidate()
-        self._correction: LowRankCorrection | None = None
-        # Transformed (X, y, noise) of each conditioning, replayed after a
-        # hyperparameter change.
-        self._conditioning_log: list[tuple[Tensor, Tensor, Tensor]] = []
-
-    def _invalidate(self) -> None:
-        r"""Drop the cached factorisation; the next prediction rebuilds it."""
-        self._posterior: GridPosterior | None = None
-        self._hyper_snapshot: list[Tensor] | None = None
-
-    def _apply(self, fn, *args, **kwargs):
-        # Device/dtype moves: the data are buffers, the factorisation is rebuilt.
-        super()._apply(fn, *args, **kwargs)
-        self._invalidate()
-        return self
-
     def _caches_valid(self) -> bool:
-        return self._posterior is not None and parameters_unchanged(
-            list(self.parameters()), self._hyper_snapshot
-        )
+        return self._posterior is not None and self._hyperparameters_unchanged()
 
     def weights(self, X_t: Tensor) -> DenseInterpolationWeights:
         r"""Softmax weights of already-transformed inputs ``batch x N x d`` (differentiable)."""
@@ -482,7 +470,7 @@ class SoftKIGP(StreamingModelMixin, TransactionalMixin, GPyTorchModel, GP, Fanta
         if not self._caches_valid():
             with torch.no_grad():
                 self._posterior = self.factor().posterior()
-                self._hyper_snapshot = parameter_snapshot(self.parameters())
+                self._snapshot_hyperparameters()
             self._correction = None
             for X_q, y_q, noise_q in self._conditioning_log:
                 self._correction = self._current_correction().condition(

@@ -115,11 +115,10 @@ from streamgp.linalg.woodbury import (
 )
 from streamgp.models.base import StreamingModelMixin
 from streamgp.models.utils import (
+    CachedPosteriorMixin,
     conditioning_noise,
     correction_batch_shape,
     fit_frozen_transforms,
-    parameter_snapshot,
-    parameters_unchanged,
     shallow_view,
     transform_new_data,
 )
@@ -187,7 +186,7 @@ _GRID_FIELDS = ("A", "b", "c", "n", "sum_log_noise", "sum_noise")
 _DATA_KEY_PREFIXES = ("statistics.", "stat_", "input_transform.", "outcome_transform.")
 
 
-class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
+class WiskiGP(CachedPosteriorMixin, StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
     r"""Exact SKI Gaussian process with constant-time (in ``n``) online updates.
 
     Args:
@@ -260,6 +259,12 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
     DATA_SPACE_LIMIT: int | None = None
 
     data_state_prefixes = _DATA_KEY_PREFIXES
+    #: Derived from the statistics on demand (conditioning replayed).
+    cached_attributes = ("_posterior", "_love_cache")
+    _posterior: GridPosterior | DataPosterior | None
+    #: (exact grid posterior it was derived from, tolerance, LOVE grid posterior)
+    _love_cache: tuple[GridPosterior, float, GridPosterior] | None
+    _correction: LowRankCorrection | DataCorrection | None
 
     def __init__(
         self,
@@ -422,31 +427,19 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
 
     # ------------------------------------------------------------------ state
     def _clear_caches(self) -> None:
-        self._invalidate()
-        self._correction: LowRankCorrection | DataCorrection | None = None
-        # Transformed (X, y, noise) of each conditioning, for replay after a
-        # hyperparameter change and for folding; O(Q), not O(n).
-        self._conditioning_log: list[tuple[Tensor, Tensor, Tensor]] = []
+        # The conditioning log also holds the rows observe folds in later (FOLD_RANK);
+        # O(Q), not O(n).
+        super()._clear_caches()
         # True while every logged row came from `observe` (held back, see FOLD_RANK)
         # rather than from `condition_on_observations`.
         self._log_from_observe = True
 
-    def _invalidate(self) -> None:
-        r"""Drop derived factors; the next prediction rebuilds them from the statistics."""
-        self._posterior: GridPosterior | DataPosterior | None = None
-        self._hyper_snapshot: list[Tensor] | None = None
-        # (exact grid posterior it was derived from, tolerance, LOVE grid posterior)
-        self._love_cache: tuple[GridPosterior, float, GridPosterior] | None = None
-
-    def _apply(self, fn, *args, **kwargs):
-        # Device/dtype moves: the statistics, the grid and the caches follow.
-        super()._apply(fn, *args, **kwargs)
+    def _apply_to_state(self, fn) -> None:
+        # Device/dtype moves: the statistics (not buffers) and the grid follow.
         self._statistics = self._statistics.apply(fn)
         self.interpolation = self.interpolation.to(
             device=self._statistics.device, dtype=self._statistics.dtype
         )
-        self._invalidate()
-        return self
 
     @property
     def statistics(self) -> DataStatistics | GridStatistics:
@@ -604,13 +597,8 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
         extra = sum(entry[0].shape[-2] for entry in self._conditioning_log)
         return self._statistics.count + extra
 
-    def _hyperparameters(self) -> list[Tensor]:
-        return list(self.parameters())
-
     def _caches_valid(self) -> bool:
-        return self._posterior is not None and parameters_unchanged(
-            self._hyperparameters(), self._hyper_snapshot
-        )
+        return self._posterior is not None and self._hyperparameters_unchanged()
 
     def exact_posterior(self) -> GridPosterior | DataPosterior:
         r"""The posterior given the statistics (before any conditioning correction).
@@ -629,7 +617,7 @@ class WiskiGP(StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
                 self._posterior = statistics.posterior(
                     self.kernel_root(), self.noise_variance, tol=self.love_tolerance
                 )
-                self._hyper_snapshot = parameter_snapshot(self._hyperparameters())
+                self._snapshot_hyperparameters()
             # Replay conditioning (keeps gradients w.r.t. the conditioning inputs).
             self._correction = None
             for X_q, y_q, noise_q in self._conditioning_log:

@@ -6,12 +6,18 @@ r"""What every streamgp model shares: posterior template, transforms, views, cac
 - :mod:`~streamgp.models.utils.transforms`: input and outcome transforms fitted on the
   constructor's data and then frozen.
 - :mod:`~streamgp.models.utils.views`: conditioned models as views (no copies).
-- :mod:`~streamgp.models.utils.cache`: caches valid while the hyperparameters are.
+- :mod:`~streamgp.models.utils.cache`: caches valid while the hyperparameters are, and
+  the plumbing that drops them (:class:`CachedPosteriorMixin`).
 - :mod:`~streamgp.models.utils.transaction`: updates that leave the model as it was
   when they fail.
 """
 
-from streamgp.models.utils.cache import parameter_snapshot, parameters_unchanged
+from streamgp.models.utils.cache import (
+    CachedPosteriorMixin,
+    invalidate_after_load,
+    parameter_snapshot,
+    parameters_unchanged,
+)
 from streamgp.models.utils.posterior import (
     PosteriorMixin,
     assemble_posterior,
@@ -31,6 +37,7 @@ from streamgp.models.utils.views import (
 )
 
 __all__ = [
+    "CachedPosteriorMixin",
     "JointConditioningMixin",
     "MutableState",
     "PosteriorMixin",
@@ -45,6 +52,7 @@ __all__ = [
     "correction_batch_shape",
     "eval_mode",
     "fit_frozen_transforms",
+    "invalidate_after_load",
     "parameter_snapshot",
     "parameters_unchanged",
     "shallow_view",

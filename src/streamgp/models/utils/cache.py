@@ -6,11 +6,15 @@ as gpytorch's ``detach_test_caches``. A cache is valid while every hyperparamete
 equals the copy taken when it was built: :func:`parameter_snapshot` takes the copy,
 :func:`parameters_unchanged` compares. Comparing values (not versions) catches every
 way of changing a hyperparameter: optimizer steps, ``load_state_dict``, assignment.
+:class:`CachedPosteriorMixin` is the rest of a model's cache plumbing: which
+attributes are caches, and dropping them when they may be stale (a device or dtype
+move, a new state, a load of buffers they depend on, :func:`invalidate_after_load`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -31,3 +35,118 @@ def parameters_unchanged(current: Sequence[Tensor], snapshot: Sequence[Tensor] |
         and len(current) == len(snapshot)
         and all(torch.equal(a, b) for a, b in zip(current, snapshot, strict=True))
     )
+
+
+def invalidate_after_load(module: CachedPosteriorMixin, incompatible_keys: Any) -> None:
+    r"""A ``load_state_dict`` post-hook: drop ``module``'s caches after a load.
+
+    For models whose cached factors also depend on buffers (a grid, a summary of the
+    data), which the hyperparameter snapshot does not cover. Register it with
+    ``module.register_load_state_dict_post_hook(invalidate_after_load)``; a module-level
+    function (not a bound method) keeps the model picklable and copyable.
+    """
+    module._invalidate()
+
+
+class CachedPosteriorMixin:
+    r"""The plumbing of a model's cached posterior factors, so the model keeps its mathematics.
+
+    A streamgp model derives what predictions need (a posterior factorisation, a LOVE
+    root, grid statistics) from its state and caches it, detached from the
+    hyperparameters as gpytorch's ``detach_test_caches``. This mixin owns the rules by
+    which those caches are dropped:
+
+    - :meth:`_invalidate` resets each attribute named in :attr:`cached_attributes` to
+      ``None`` and forgets the hyperparameter snapshot, so the next prediction
+      rebuilds the factors from the state.
+    - :meth:`_hyperparameters_unchanged` / :meth:`_snapshot_hyperparameters` key a
+      cache on the values of :meth:`_hyperparameters` (:func:`parameters_unchanged`).
+    - :meth:`_apply` (torch's hook behind ``.to``, ``.double()``, ``.cuda()``, also
+      BoTorch's no-op ``.to`` calls) moves the parameters and buffers, then the state
+      the model keeps outside them (:meth:`_apply_to_state`), then invalidates: the
+      caches were derived on the old device and dtype.
+    - :meth:`_clear_caches` also drops the conditioning (the correction of
+      ``condition_on_observations`` and its log), for a new state of the model.
+
+    A model lists it before its torch/BoTorch base classes (so that its ``_apply``
+    wraps torch's), names its caches in :attr:`cached_attributes` and calls
+    :meth:`_clear_caches` in its constructor. Caches that are not reset to ``None``
+    (e.g. a dictionary) are reset by overriding :meth:`_invalidate` (call ``super()``).
+
+    Example:
+        >>> class ScaledSum(CachedPosteriorMixin, torch.nn.Module):
+        ...     cached_attributes = ("_total",)
+        ...
+        ...     def __init__(self, data: Tensor) -> None:
+        ...         super().__init__()
+        ...         self.scale = torch.nn.Parameter(torch.ones(()))
+        ...         self.data = data  # state outside parameters and buffers
+        ...         self._clear_caches()
+        ...
+        ...     def _apply_to_state(self, fn) -> None:
+        ...         self.data = fn(self.data)
+        ...
+        ...     def total(self) -> Tensor:
+        ...         if self._total is None or not self._hyperparameters_unchanged():
+        ...             with torch.no_grad():
+        ...                 self._total = self.scale * self.data.sum()
+        ...             self._snapshot_hyperparameters()
+        ...         return self._total
+        >>> model = ScaledSum(torch.arange(3.0))
+        >>> model.total()
+        tensor(3.)
+        >>> _ = model.scale.data.fill_(2.0)  # a new value: the cache is rebuilt
+        >>> model.total()
+        tensor(6.)
+        >>> model.double().total().dtype  # moved with its data, rebuilt
+        torch.float64
+    """
+
+    #: Attributes holding factors derived from the state; :meth:`_invalidate` sets
+    #: them to ``None``.
+    cached_attributes: ClassVar[tuple[str, ...]] = ()
+
+    _hyper_snapshot: list[Tensor] | None
+    _correction: Any
+    _conditioning_log: list[tuple[Tensor, Tensor, Tensor]]
+
+    def _invalidate(self) -> None:
+        r"""Drop the derived factors; the next prediction rebuilds them from the state."""
+        for name in self.cached_attributes:
+            setattr(self, name, None)
+        self._hyper_snapshot = None
+
+    def _clear_caches(self) -> None:
+        r"""Drop the derived factors and the conditioning: the model is its state alone.
+
+        For a new state (construction, absorbed data, a restored checkpoint): any
+        conditioning was absorbed into it or belonged to the state it replaces.
+        """
+        self._invalidate()
+        self._correction = None
+        # Transformed (X, y, noise) of each conditioning: replayed onto the rebuilt
+        # factors after a hyperparameter change.
+        self._conditioning_log = []
+
+    def _hyperparameters(self) -> list[Tensor]:
+        r"""The tensors the caches are keyed on (default: all parameters)."""
+        return list(self.parameters())
+
+    def _hyperparameters_unchanged(self) -> bool:
+        r"""Whether :meth:`_hyperparameters` equal the last :meth:`_snapshot_hyperparameters`."""
+        return parameters_unchanged(self._hyperparameters(), self._hyper_snapshot)
+
+    def _snapshot_hyperparameters(self) -> None:
+        r"""Key the caches on the current values of :meth:`_hyperparameters`."""
+        self._hyper_snapshot = parameter_snapshot(self._hyperparameters())
+
+    def _apply_to_state(self, fn: Callable[[Tensor], Tensor]) -> None:
+        r"""Apply ``fn`` to the state kept outside parameters and buffers (default: none)."""
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], *args: Any, **kwargs: Any) -> Any:
+        # Every move invalidates, no-op ones included (BoTorch calls ``.to`` freely):
+        # ``fn`` is opaque, so whether it changed a tensor is unknown.
+        super()._apply(fn, *args, **kwargs)
+        self._apply_to_state(fn)
+        self._invalidate()
+        return self
