@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from streamgp.interpolation.grid import InterpolationWeights
+from streamgp.linalg.factor import cholesky
 from streamgp.linalg.grid_kernel import GridKernelRoot, KernelFeatures
 from streamgp.linalg.posterior_covariance import MAX_CACHE_ENTRIES, AmortizedCache
 
@@ -103,7 +104,7 @@ class DataPosterior:
         r"""Factorise ``K_SKI + diag(noise)`` for rows ``weights`` in ``O(n^3)``."""
         features = kernel_root.features(weights)
         B = features.cross(features) + torch.diag_embed(noise)
-        chol = torch.linalg.cholesky(B)
+        chol = cholesky(B)
         whitened = _solve_lower(chol, y.unsqueeze(-1)).squeeze(-1)
         return DataPosterior(kernel_root, features, chol, whitened)
 
@@ -117,7 +118,7 @@ class DataPosterior:
         new = self.kernel_root.features(weights)
         U = self.whiten(new)  # n x q
         S = new.cross(new) + torch.diag_embed(noise) - U.mT @ U
-        L_qq = torch.linalg.cholesky(S)
+        L_qq = cholesky(S)
         # (whitened @ U) is U^T z for one output's z and for k outputs' rows alike.
         z_q = _solve_lower(L_qq, (y - self.whitened @ U).unsqueeze(-1)).squeeze(-1)
         n, q = self.chol.shape[-1], L_qq.shape[-1]
@@ -218,7 +219,7 @@ class DataCorrection:
         features = posterior.kernel_root.features(W_q)
         U = posterior.whiten(features)
         S = features.cross(features) + torch.diag_embed(noise) - U.mT @ U
-        chol = torch.linalg.cholesky(S)
+        chol = cholesky(S)
         residual = y - (U.mT @ posterior.whitened.unsqueeze(-1)).squeeze(-1)
         gamma = _solve_lower(chol, residual.unsqueeze(-1)).squeeze(-1)
         return DataCorrection(W_q, y, noise, features, U, chol, gamma)

@@ -24,10 +24,12 @@ from dataclasses import dataclass
 
 import torch
 from gpytorch.kernels import Kernel, RBFKernel, ScaleKernel
+from gpytorch.kernels.rbf_kernel import postprocess_rbf
 from linear_operator.utils.errors import NanError
 from torch import Tensor
 
 from streamgp.interpolation.grid import InterpolationWeights
+from streamgp.settings import skip_value_checks
 
 #: Relative jitter tried first, per dtype; raised 10x per failure, at most 4 times.
 _BASE_JITTER = {torch.float64: 1e-12, torch.float32: 1e-6}
@@ -72,14 +74,17 @@ def cholesky_with_jitter(K: Tensor, relative_jitter: float | None = None) -> tup
         torch.linalg.LinAlgError: If ``K`` cannot be factored with the largest jitter.
     """
     scale = K.diagonal(dim1=-2, dim2=-1).mean(-1, keepdim=True).unsqueeze(-1)
+    eye = torch.eye(K.shape[-1], dtype=K.dtype, device=K.device)
+    eps = _BASE_JITTER.get(K.dtype, 1e-6) if relative_jitter is None else relative_jitter
+    if skip_value_checks.on():  # one attempt, its info unread (streamgp.settings)
+        jitter = eps * scale
+        return torch.linalg.cholesky_ex(K + jitter * eye)[0], jitter
     if not torch.isfinite(K).all() or not (scale > 0).all():
         # E.g. an outputscale that underflowed to 0 in a line search's trial step.
         raise DegenerateKernelError(
             "Kernel matrix has NaN/Inf entries or a zero diagonal; check the kernel "
             "hyperparameters."
         )
-    eye = torch.eye(K.shape[-1], dtype=K.dtype, device=K.device)
-    eps = _BASE_JITTER.get(K.dtype, 1e-6) if relative_jitter is None else relative_jitter
     for _ in range(_MAX_JITTER_TRIES):
         jitter = eps * scale
         L, info = torch.linalg.cholesky_ex(K + jitter * eye)
@@ -280,10 +285,7 @@ def grid_kernel_factors(covar_module: Kernel, grid: list[Tensor]) -> tuple[list[
         # Equal axis sizes: one batched kernel evaluation and one batched Cholesky
         # (fewer autograd nodes and Python calls, which dominate at small n).
         points = torch.stack([_axis_points(grid, i) for i in range(len(grid))])
-        # `forward` skips Kernel.__call__'s lazy-tensor machinery, about half the cost
-        # of a small kernel matrix; separable kernels have no active_dims to apply.
-        K = covar_module.forward(points, points)
-        K = K if isinstance(K, Tensor) else K.to_dense()
+        K = _separable_kernel_matrix(covar_module, points)
         roots = list(jittered_cholesky(K).unbind(0))
         diag = K[0, 0, 0]
     else:
@@ -291,6 +293,23 @@ def grid_kernel_factors(covar_module: Kernel, grid: list[Tensor]) -> tuple[list[
         diag = factors[0][0, 0]
         roots = [jittered_cholesky(K_i) for K_i in factors]
     return roots, diag.rsqrt() ** (len(grid) - 1)
+
+
+def _separable_kernel_matrix(covar_module: Kernel, points: Tensor) -> Tensor:
+    r"""``K(points, points)`` of an (optionally scaled) RBF kernel, batched over axes.
+
+    The RBF formula itself (gpytorch's ``postprocess_rbf`` of squared distances) rather
+    than ``Kernel.__call__``/``forward``: it skips the lazy-tensor machinery (about half
+    the cost of a small kernel matrix) and gpytorch's ``torch.equal(x1, x2)`` test, a
+    host read that would synchronise a GPU on every marginal-likelihood evaluation.
+    Separable kernels have no active_dims to apply.
+    """
+    base = covar_module.base_kernel if isinstance(covar_module, ScaleKernel) else covar_module
+    x = points / base.lengthscale
+    K = postprocess_rbf((x.unsqueeze(-2) - x.unsqueeze(-3)).square().sum(-1))
+    if isinstance(covar_module, ScaleKernel):
+        K = K * covar_module.outputscale.reshape(())
+    return K
 
 
 def grid_kernel_root(covar_module: Kernel, grid: list[Tensor]) -> GridKernelRoot:

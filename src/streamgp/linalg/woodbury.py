@@ -19,7 +19,8 @@ are divided by ``s2``). With ``C = I + L_K^T A L_K = L_C L_C^T``:
 Two ways to absorb a batch of ``q`` observations (hyperparameters fixed):
 
 - :func:`update_root` (streaming, in place): ``R`` stays one ``m x m`` root, updated
-  by a thin SVD of ``U = R^T W_q^T`` in ``O(m^2 q)``.
+  by a rank-``q`` square-root update in ``O(m^2 q)`` (only ``q x q`` Cholesky factors
+  and triangular solves, so nothing waits on the host).
 - :class:`LowRankCorrection` (conditioning inside acquisition functions): the
   parent's ``R`` is kept and the posterior becomes ``R (I - V V^T) R^T`` with ``V``
   of size ``m x Q``; only a ``q x q`` Cholesky is needed, so gradients with respect
@@ -35,6 +36,7 @@ import torch
 from torch import Tensor
 
 from streamgp.interpolation.grid import InterpolationWeights
+from streamgp.linalg.factor import cholesky
 from streamgp.linalg.grid_kernel import GridKernelRoot
 from streamgp.linalg.posterior_covariance import (
     MAX_CACHE_ENTRIES,
@@ -82,15 +84,13 @@ class GridPosterior:
         cached = self.grid_covariance if isinstance(weights, InterpolationWeights) else None
         return InterpolatedRoot(weights, self.root, cached)
 
-    def downdated(self, root: Tensor, mean: Tensor, G: Tensor, S: Tensor | None) -> GridPosterior:
-        r"""A posterior with ``root`` and ``mean`` whose covariance is
-        ``R R^T - G S^{-1} G^T`` (``S = I`` when None), keeping a cached ``Sigma_U``
-        up to date in ``O(m^2 q)`` instead of dropping it."""
+    def downdated(self, root: Tensor, mean: Tensor, G: Tensor) -> GridPosterior:
+        r"""A posterior with ``root`` and ``mean`` whose covariance is ``R R^T - G G^T``,
+        keeping a cached ``Sigma_U`` up to date in ``O(m^2 q)`` instead of dropping it."""
         sigma = self.cache.value
         if sigma is None:
             return GridPosterior(root=root, mean=mean)
-        H = G if S is None else torch.linalg.solve(S, G.mT).mT
-        return GridPosterior(root=root, mean=mean, cache=AmortizedCache(sigma - H @ G.mT))
+        return GridPosterior(root=root, mean=mean, cache=AmortizedCache(sigma - G @ G.mT))
 
 
 def _matrix_C(L_K: GridKernelRoot, A: Tensor, precision: Tensor | None = None) -> Tensor:
@@ -107,7 +107,7 @@ def _matrix_C(L_K: GridKernelRoot, A: Tensor, precision: Tensor | None = None) -
 
 def _cholesky_C(L_K: GridKernelRoot, A: Tensor) -> Tensor:
     """Cholesky factor of ``C = I + L_K^T A L_K``."""
-    return torch.linalg.cholesky(_matrix_C(L_K, A))
+    return cholesky(_matrix_C(L_K, A))
 
 
 class _LogdetPlusQuad(torch.autograd.Function):
@@ -123,7 +123,7 @@ class _LogdetPlusQuad(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, C: Tensor, z: Tensor, sign: float) -> Tensor:
-        L_C = torch.linalg.cholesky(C)
+        L_C = cholesky(C)
         if _shared(C, z):  # k right-hand sides of one solve
             u = torch.cholesky_solve(z.mT, L_C).mT
         else:
@@ -215,16 +215,35 @@ def log_marginal_likelihood(
     return -0.5 * (c + logdet_minus_quad + sum_log_noise + n * math.log(2.0 * math.pi))
 
 
+def _whitened_downdate(R: Tensor, RV: Tensor, V: Tensor, N: Tensor) -> Tensor:
+    r"""``R T`` for the root ``T = I - V (I + N)^{-1} V^T`` of ``I - V V^T`` (``RV = R V``).
+
+    ``N`` is the lower Cholesky factor of ``I - V^T V`` (``V^T V < I``). With
+    ``K = (I + N)^{-1}``, ``T T^T = I - V (K + K^T - K V^T V K^T) V^T`` and
+    ``K + K^T - K (I - N N^T) K^T = K (I + N + N^T + N N^T) K^T
+    = K (I + N)(I + N)^T K^T = I``, so ``T T^T = I - V V^T`` exactly (the block form of
+    Potter's and Andrews' square-root updates). ``I + N`` has a diagonal of at least
+    one, so its triangular solve is well conditioned; then one fused pass over the
+    ``m x m`` root (a rank-``Q`` update is memory-bound).
+    """
+    eye = torch.eye(N.shape[-1], dtype=N.dtype, device=N.device)
+    # K V^T = (I + N)^{-1} V^T, a triangular solve (no inverse).
+    KVt = torch.linalg.solve_triangular(eye + N, V.mT, upper=False)
+    return torch.addmm(R, RV, KVt, alpha=-1.0)
+
+
 def update_root(
     posterior: GridPosterior, W_q: InterpolationWeights, y: Tensor, noise: Tensor
 ) -> GridPosterior:
     r"""Absorb ``q`` observations into the grid posterior in ``O(m^2 q)``.
 
-    Mean: ``alpha += R U S^{-1} (y - W_q alpha)`` with ``U = R^T W_q^T`` and
-    ``S = U^T U + diag(noise)``. Root: with the thin SVD
-    ``U diag(noise)^{-1/2} = P diag(sigma) Z^T``,
-    ``R <- R - (R P) diag(1 - 1/sqrt(1 + sigma^2)) P^T``, which is an exact root of
-    the updated covariance ``R (I - U S^{-1} U^T) R^T``.
+    With ``U = R^T W_q^T`` and ``S = U^T U + diag(noise) = D^{1/2} L L^T D^{1/2}``
+    (``D = diag(noise)``, ``L`` the Cholesky factor of the whitened ``S``): mean
+    ``alpha += R U S^{-1} (y - W_q alpha)``; root ``R <- R T`` with ``T`` the square root
+    of ``I - U S^{-1} U^T = I - V V^T``, ``V = U D^{-1/2} L^{-T}``, whose
+    ``I - V^T V = L^{-1} L^{-T}`` has the Cholesky factor ``L^{-1}``
+    (:func:`_whitened_downdate`; Andrews' square-root update). Only ``q x q``
+    factorisations and triangular solves: no SVD, nothing read back on the host.
 
     Args:
         posterior: Current grid posterior (not modified).
@@ -234,29 +253,34 @@ def update_root(
     """
     R, alpha = posterior.root, posterior.mean
     U_t = W_q.matmul(R)  # q x m, rows u_i = R^T w_i
-    S = U_t @ U_t.mT + torch.diag_embed(noise)
-    residual = y - W_q.dot(alpha)
-    coef = torch.linalg.solve(S, residual.unsqueeze(-1)).squeeze(-1)  # S is symmetric
-    new_mean = alpha + (coef @ U_t) @ R.mT
-    P, sigma, _ = torch.linalg.svd(U_t.mT / noise.sqrt(), full_matrices=False)
-    shrink = 1.0 - torch.rsqrt(1.0 + sigma * sigma)
-    # One fused pass over the m x m root (a rank-q update is memory-bound).
-    new_root = torch.addmm(R, (R @ P) * shrink, P.mT, alpha=-1.0)
-    return posterior.downdated(new_root, new_mean, R @ U_t.mT, S)
+    scale = noise.rsqrt()
+    U_white = U_t * scale.unsqueeze(-1)  # D^{-1/2} U^T
+    eye = torch.eye(U_t.shape[-2], dtype=U_t.dtype, device=U_t.device)
+    L = cholesky(U_white @ U_white.mT + eye)
+    V = torch.linalg.solve_triangular(L, U_white, upper=False).mT  # m x q
+    # S^{-1} r = D^{-1/2} L^{-T} L^{-1} D^{-1/2} r, as rows for k outputs' residuals.
+    residual = (y - W_q.dot(alpha)) * scale
+    coef = torch.linalg.solve_triangular(L, residual.unsqueeze(-1), upper=False)
+    RV = R @ V
+    new_mean = alpha + coef.squeeze(-1) @ RV.mT  # alpha + R V L^{-1} D^{-1/2} r
+    N = torch.linalg.solve_triangular(L, eye, upper=False)  # L^{-1}: the factor of I - V^T V
+    return posterior.downdated(_whitened_downdate(R, RV, V, N), new_mean, RV)
 
 
 def fold_low_rank(posterior: GridPosterior, V: Tensor, gamma: Tensor) -> GridPosterior:
     r"""Fold an unbatched :class:`LowRankCorrection` back into a single root.
 
-    ``I - V V^T = T T^T`` with ``T = I - P diag(1 - sqrt(1 - sigma^2)) P^T`` from the
-    thin SVD ``V = P diag(sigma) Z^T`` (``sigma < 1`` because ``V V^T`` is a
-    posterior variance reduction in whitened coordinates). Cost ``O(m^2 Q)``.
+    ``I - V V^T = T T^T`` with ``T = I - V (I + N)^{-1} V^T``, ``N`` the Cholesky factor
+    of ``I - V^T V`` (``V^T V < I`` because ``V V^T`` is a posterior variance reduction
+    in whitened coordinates; :func:`_whitened_downdate`). Cost ``O(m^2 Q)``, with only
+    ``Q x Q`` factorisations.
     """
     R, alpha = posterior.root, posterior.mean
-    P, sigma, _ = torch.linalg.svd(V, full_matrices=False)
-    shrink = 1.0 - torch.sqrt((1.0 - sigma * sigma).clamp_min(0.0))
-    new_root = torch.addmm(R, (R @ P) * shrink, P.mT, alpha=-1.0)  # one fused pass
-    return posterior.downdated(new_root, alpha + (gamma @ V.mT) @ R.mT, R @ V, None)
+    eye = torch.eye(V.shape[-1], dtype=V.dtype, device=V.device)
+    N = cholesky(eye - V.mT @ V)
+    RV = R @ V
+    new_mean = alpha + gamma @ RV.mT
+    return posterior.downdated(_whitened_downdate(R, RV, V, N), new_mean, RV)
 
 
 @dataclass(frozen=True)
@@ -301,7 +325,7 @@ class LowRankCorrection:
         VtU = self.V.mT @ U  # batch x Q x q
         U_tilde = U - self.V @ VtU  # (I - V V^T) U
         S = U.mT @ U_tilde + torch.diag_embed(noise.expand(U.shape[:-2] + U.shape[-1:]))
-        L_S = torch.linalg.cholesky(S)
+        L_S = cholesky(S)
         V_new = torch.linalg.solve_triangular(L_S, U_tilde.mT, upper=False).mT
         prior_mean = W_q.dot(posterior.mean) + (VtU.mT @ self.gamma.unsqueeze(-1)).squeeze(-1)
         residual = y - prior_mean

@@ -19,6 +19,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from streamgp.settings import skip_value_checks
+
 
 def parameter_snapshot(parameters: Iterable[Tensor]) -> list[Tensor]:
     r"""Detached copies of ``parameters``, for :func:`parameters_unchanged`."""
@@ -133,8 +135,22 @@ class CachedPosteriorMixin:
         return list(self.parameters())
 
     def _hyperparameters_unchanged(self) -> bool:
-        r"""Whether :meth:`_hyperparameters` equal the last :meth:`_snapshot_hyperparameters`."""
+        r"""Whether :meth:`_hyperparameters` equal the last :meth:`_snapshot_hyperparameters`.
+
+        Inside :class:`~streamgp.settings.skip_value_checks` the values are not compared
+        (a host read per check on a GPU): a snapshot stands until :meth:`_invalidate`,
+        which a state change, a device move and ``train()`` call (gpytorch's convention).
+        """
+        if skip_value_checks.on():
+            return self._hyper_snapshot is not None
         return parameters_unchanged(self._hyperparameters(), self._hyper_snapshot)
+
+    def train(self, mode: bool = True) -> Any:
+        # Hyperparameters may change in training mode (fit_gpytorch_mll, an optimizer):
+        # derived factors are rebuilt on the next prediction, as gpytorch's ExactGP does.
+        if mode:
+            self._invalidate()
+        return super().train(mode)
 
     def _snapshot_hyperparameters(self) -> None:
         r"""Key the caches on the current values of :meth:`_hyperparameters`."""
