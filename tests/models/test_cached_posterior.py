@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from streamgp.models import KissGP, OnlineSGPR, OnlineSoftKIGP, SoftKIGP, WiskiGP
+from streamgp.models import KissGP, LocalGP, OnlineSGPR, OnlineSoftKIGP, SoftKIGP, WiskiGP
 from streamgp.models.utils import CachedPosteriorMixin, invalidate_after_load
 
 DT = torch.float64
@@ -87,6 +87,7 @@ def _data(n=20):
 MODELS = {
     "WiskiGP": lambda X, Y: WiskiGP(X, Y, grid_size=8),
     "KissGP": lambda X, Y: KissGP(X, Y, grid_size=8),
+    "LocalGP": lambda X, Y: LocalGP(X, Y, w_gen=0.5, n_max=8),
     "OnlineSGPR": lambda X, Y: OnlineSGPR(X, Y, num_inducing=8),
     "SoftKIGP": lambda X, Y: SoftKIGP(X, Y, num_inducing=8),
     "OnlineSoftKIGP": lambda X, Y: OnlineSoftKIGP(X, Y, num_inducing=8, pretrain_epochs=0),

@@ -350,6 +350,25 @@ def test_checkpoint_round_trip_is_bit_identical_and_resumes_the_stream(keep_data
             assert torch.equal(a, b)
 
 
+def test_a_move_takes_the_kept_data_along_and_rebuilds_the_same_posterior():
+    X, Y = make_data(40)
+    model = frozen(X, Y, torch.rand(12, D, dtype=DTYPE), keep_data=True)
+    model.observe(*make_data(5))
+    X_test = make_data(4)[0]
+    before = model.posterior(X_test)
+    kept = model.kept_data()
+    model.to(DTYPE)  # a no-op move (BoTorch makes them) drops the caches
+    assert model._posterior is None and model._hyper_snapshot is None
+    after = model.posterior(X_test)
+    torch.testing.assert_close(after.mean, before.mean)
+    torch.testing.assert_close(after.variance, before.variance)
+    model.float()
+    X_kept, y_kept, _ = model.kept_data()
+    assert X_kept.dtype == y_kept.dtype == model.inducing_points.dtype == torch.float32
+    torch.testing.assert_close(X_kept, kept[0].float())
+    torch.testing.assert_close(y_kept, kept[1].float())
+
+
 def test_statistics_do_not_grow_with_n():
     Z = torch.rand(12, D, dtype=DTYPE)
     sizes = []

@@ -63,15 +63,15 @@ from torch import Tensor
 
 from streamgp.models.base import StreamingModelMixin
 from streamgp.models.utils import (
+    CachedPosteriorMixin,
     fit_frozen_transforms,
-    parameter_snapshot,
-    parameters_unchanged,
+    invalidate_after_load,
     transform_new_data,
 )
 from streamgp.utils.validation import check_count, check_no_known_noise, check_targets, check_tensor
 
 
-class LocalGP(StreamingModelMixin, GPyTorchModel, GP):
+class LocalGP(CachedPosteriorMixin, StreamingModelMixin, GPyTorchModel, GP):
     r"""Local GP regression (Nguyen-Tuong et al. 2008) with ``n_max`` points per local model.
 
     Args:
@@ -107,6 +107,10 @@ class LocalGP(StreamingModelMixin, GPyTorchModel, GP):
     _num_outputs = 1
     #: The local models' points; kernel, mean and likelihood are the hyperparameters.
     data_state_prefixes = ("local_X", "local_y", "counts", "input_transform.", "outcome_transform.")
+    #: The local Cholesky factors and weights, rebuilt from the local models on demand.
+    #: The local models are buffers, which torch moves.
+    cached_attributes = ("_factors",)
+    _factors: tuple[Tensor, Tensor] | None
 
     def __init__(
         self,
@@ -160,8 +164,8 @@ class LocalGP(StreamingModelMixin, GPyTorchModel, GP):
         self.register_buffer("local_X", torch.zeros(0, n_max, dim, **tkwargs))
         self.register_buffer("local_y", torch.zeros(0, n_max, **tkwargs))
         self.register_buffer("counts", torch.zeros(0, dtype=torch.long, device=train_X.device))
-        self._factors: tuple[Tensor, Tensor] | None = None
-        self._hyper_snapshot: list[Tensor] | None = None
+        self.register_load_state_dict_post_hook(invalidate_after_load)
+        self._clear_caches()
         self._insert(train_X_t, train_Y_t.squeeze(-1))
         self.eval()
 
@@ -245,18 +249,15 @@ class LocalGP(StreamingModelMixin, GPyTorchModel, GP):
                 local_y[k, n] = target
                 counts[k] = n + 1
         self.local_X, self.local_y, self.counts = local_X, local_y, counts
-        self._factors = None
+        self._invalidate()
 
     def __getstate__(self) -> dict:
         # The Cholesky factors are a cache of K x n_max x n_max numbers (hundreds of MB
         # with thousands of local models); pickles and checkpoints recompute them instead.
         state = self.__dict__.copy()
-        state["_factors"] = None
-        state["_hyper_snapshot"] = None
+        for name in (*self.cached_attributes, "_hyper_snapshot"):
+            state[name] = None
         return state
-
-    def _hyperparameters(self) -> list[Tensor]:
-        return [p.detach() for p in self.parameters()]
 
     def _local_factors(self) -> tuple[Tensor, Tensor]:
         r"""Cholesky factors ``L_k`` and weights ``alpha_k`` of the padded local systems.
@@ -264,10 +265,9 @@ class LocalGP(StreamingModelMixin, GPyTorchModel, GP):
         Padded rows/columns of ``K_k + s2 I`` are replaced by the identity, so
         ``L_k = blockdiag(L_valid, I)`` and ``alpha_k`` is zero on the padding.
         """
-        current = self._hyperparameters()
-        if self._factors is None or not parameters_unchanged(current, self._hyper_snapshot):
+        if self._factors is None or not self._hyperparameters_unchanged():
             self._factors = self._compute_factors()
-            self._hyper_snapshot = parameter_snapshot(current)
+            self._snapshot_hyperparameters()
         return self._factors
 
     def _compute_factors(self) -> tuple[Tensor, Tensor]:
@@ -308,7 +308,7 @@ class LocalGP(StreamingModelMixin, GPyTorchModel, GP):
         for name in ("local_X", "local_y", "counts"):
             if name in state_dict:
                 setattr(self, name, torch.empty_like(state_dict[name]))
-        self._factors = None
+        self._invalidate()
 
     # ------------------------------------------------------------ BoTorch API
     def _check_inputs(self, X: Tensor, name: str) -> None:

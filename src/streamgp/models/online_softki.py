@@ -69,15 +69,9 @@ from streamgp.interpolation.grid import InterpolationWeights
 from streamgp.interpolation.softmax import DenseInterpolationWeights, softmax_interpolation
 from streamgp.linalg.grid_kernel import GridKernelRoot, point_kernel_root
 from streamgp.linalg.woodbury import GridPosterior
-from streamgp.models.softki import DEFAULT_NUM_INDUCING, SoftKIGP
-from streamgp.models.utils import parameter_snapshot
+from streamgp.models.softki import DEFAULT_NUM_INDUCING, SoftKIGP, check_point_options
 from streamgp.models.wiski import WiskiGP
-from streamgp.utils.validation import (
-    check_count,
-    check_grid_model_data,
-    check_inducing_points,
-    check_positive_number,
-)
+from streamgp.utils.validation import check_count, check_grid_model_data
 
 #: Epochs of SoftKI's Algorithm 1 run on the constructor's batch by default.
 DEFAULT_PRETRAIN_EPOCHS = 50
@@ -253,12 +247,9 @@ class OnlineSoftKIGP(WiskiGP):
     ) -> None:
         # Validate everything before any state is created.
         check_grid_model_data(train_X, train_Y, train_Yvar, likelihood)
-        n, dim = train_X.shape
-        check_count(num_inducing, "num_inducing", minimum=1, allow_none=True)
+        n = len(train_X)
+        check_point_options(train_X, num_inducing, inducing_points, temperature, squared_distance)
         if inducing_points is not None:
-            if num_inducing is not None:
-                raise ValueError("Pass either num_inducing or inducing_points, not both.")
-            check_inducing_points(inducing_points, train_X, dim)
             m = len(inducing_points)
         elif n == 0:
             raise ValueError(
@@ -267,12 +258,7 @@ class OnlineSoftKIGP(WiskiGP):
             )
         else:
             m = min(DEFAULT_NUM_INDUCING if num_inducing is None else num_inducing, n)
-        check_positive_number(temperature, "temperature", allow_none=True)
         _check_top_k(top_k, m)
-        if not isinstance(squared_distance, bool):
-            raise TypeError(
-                f"squared_distance must be a bool, got {type(squared_distance).__name__}."
-            )
         check_count(pretrain_epochs, "pretrain_epochs", minimum=0)
         pretrain_options = _check_fit_options(pretrain_options, "pretrain_options")
         if not isinstance(keep_data, bool):
@@ -530,12 +516,12 @@ class OnlineSoftKIGP(WiskiGP):
         return self
 
     # --------------------------------------------------------------- state
-    def _apply(self, fn, *args, **kwargs):
-        super()._apply(fn, *args, **kwargs)
+    def _apply_to_state(self, fn) -> None:
+        # Device/dtype moves: the kept observations (not buffers) follow the statistics.
+        super()._apply_to_state(fn)
         self._kept = [
             (fn(X), fn(y), None if noise is None else fn(noise)) for X, y, noise in self._kept
         ]
-        return self
 
     def _stream_state(self) -> dict[str, Any]:
         r"""Options, the cached posterior factors and (``keep_data``) the raw observations.
@@ -573,7 +559,7 @@ class OnlineSoftKIGP(WiskiGP):
             self._kept = [(state["kept_X"], state["kept_y"], state.get("kept_noise"))]
         if "posterior_root" in state:
             self._posterior = GridPosterior(state["posterior_root"], state["posterior_mean"])
-            self._hyper_snapshot = parameter_snapshot(self._hyperparameters())
+            self._snapshot_hyperparameters()
 
     def _prepare_state_load(self, state_dict: dict[str, Any]) -> None:
         # A checkpoint may have another number of points (refit_points(num_inducing=...)).

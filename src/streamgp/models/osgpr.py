@@ -81,6 +81,7 @@ from streamgp.models.utils import (
     TransactionalMixin,
     conditioning_noise,
     correction_batch_shape,
+    fit_frozen_transforms,
     invalidate_after_load,
     parameter_snapshot,
     parameters_unchanged,
@@ -259,20 +260,9 @@ class OnlineSGPR(
         tkwargs = {"dtype": train_X.dtype, "device": train_X.device}
 
         # Fit the transforms once on the initial data, then freeze them.
-        if input_transform is not None:
-            input_transform.to(**tkwargs)
-            with torch.no_grad():
-                transformed_X = input_transform(train_X) if len(train_X) else train_X
-            input_transform.eval()
-            self.input_transform = input_transform
-        else:
-            transformed_X = train_X
-        if outcome_transform is not None:
-            outcome_transform.to(**tkwargs)
-            if len(train_Y):
-                train_Y, _ = outcome_transform(train_Y, X=transformed_X)
-            outcome_transform.eval()
-            self.outcome_transform = outcome_transform
+        transformed_X, train_Y, _ = fit_frozen_transforms(
+            self, train_X, train_Y, input_transform, outcome_transform
+        )
 
         if covar_module is None:
             covar_module = get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)

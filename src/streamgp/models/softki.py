@@ -253,6 +253,29 @@ def hutchinson_pseudo_loss(
     return value + (surrogate.detach() - surrogate)
 
 
+def check_point_options(
+    train_X: Tensor,
+    num_inducing: object,
+    inducing_points: Tensor | None,
+    temperature: object,
+    squared_distance: object,
+) -> None:
+    r"""Check SoftKI's options for the interpolation points and their softmax weights.
+
+    ``num_inducing`` or ``inducing_points`` (not both; points ``M x d`` like ``train_X``),
+    an optional positive ``temperature`` and a bool ``squared_distance``: the options
+    :class:`SoftKIGP` and :class:`~streamgp.models.OnlineSoftKIGP` share.
+    """
+    check_count(num_inducing, "num_inducing", minimum=1, allow_none=True)
+    if inducing_points is not None:
+        if num_inducing is not None:
+            raise ValueError("Pass either num_inducing or inducing_points, not both.")
+        check_inducing_points(inducing_points, train_X, train_X.shape[-1])
+    check_positive_number(temperature, "temperature", allow_none=True)
+    if not isinstance(squared_distance, bool):
+        raise TypeError(f"squared_distance must be a bool, got {type(squared_distance).__name__}.")
+
+
 # ------------------------------------------------------------------------- model
 class SoftKIGP(
     CachedPosteriorMixin,
@@ -333,16 +356,7 @@ class SoftKIGP(
             check_tensor(train_Y, "train_Y", like=train_X, min_dim=2), "train_Y", len(train_X)
         )
         dim = train_X.shape[-1]
-        check_count(num_inducing, "num_inducing", minimum=1, allow_none=True)
-        if inducing_points is not None:
-            if num_inducing is not None:
-                raise ValueError("Pass either num_inducing or inducing_points, not both.")
-            check_inducing_points(inducing_points, train_X, dim)
-        check_positive_number(temperature, "temperature", allow_none=True)
-        if not isinstance(squared_distance, bool):
-            raise TypeError(
-                f"squared_distance must be a bool, got {type(squared_distance).__name__}."
-            )
+        check_point_options(train_X, num_inducing, inducing_points, temperature, squared_distance)
         if likelihood is not None and (
             not isinstance(likelihood, GaussianLikelihood)
             or isinstance(likelihood, FixedNoiseGaussianLikelihood)
