@@ -112,7 +112,6 @@ from streamgp.models.utils import (
     CachedPosteriorMixin,
     PosteriorMixin,
     conditioning_noise,
-    correction_batch_shape,
     fit_frozen_transforms,
     invalidate_after_load,
     shallow_view,
@@ -299,10 +298,6 @@ class KissGP(CachedPosteriorMixin, PosteriorMixin, GPyTorchModel, ExactGP, Fanta
 
     def _revert_to_original_inputs(self) -> None:
         pass
-
-    @property
-    def batch_shape(self) -> torch.Size:
-        return correction_batch_shape(self._correction)
 
     @property
     def num_train(self) -> int:

@@ -80,7 +80,6 @@ from streamgp.models.utils import (
     MutableState,
     TransactionalMixin,
     conditioning_noise,
-    correction_batch_shape,
     fit_frozen_transforms,
     invalidate_after_load,
     parameter_snapshot,
@@ -554,9 +553,6 @@ class OnlineSGPR(
         self._refresh_last_batch()
         return super().state_dict(*args, **kwargs)
 
-    def _after_rollback(self) -> None:
-        self._invalidate()
-
     # ------------------------------------------------------------ BoTorch API
     def is_data_key(self, key: str) -> bool:
         return key in _STATE_BUFFERS or super().is_data_key(key)
@@ -604,10 +600,6 @@ class OnlineSGPR(
             if name in state_dict:
                 setattr(self, name, torch.empty_like(state_dict[name]))
         self._clear_caches()
-
-    @property
-    def batch_shape(self) -> torch.Size:
-        return correction_batch_shape(self._correction)
 
     def _set_transformed_inputs(self) -> None:
         # Inputs are transformed when they arrive; no training inputs are stored.

@@ -85,7 +85,6 @@ from streamgp.models.utils import (
     MutableState,
     TransactionalMixin,
     conditioning_noise,
-    correction_batch_shape,
     fit_frozen_transforms,
     invalidate_after_load,
     shallow_view,
@@ -630,14 +629,7 @@ class SoftKIGP(
         self._invalidate()
         return history
 
-    def _after_rollback(self) -> None:
-        self._invalidate()
-
     # ------------------------------------------------------------ BoTorch API
-    @property
-    def batch_shape(self) -> torch.Size:
-        return correction_batch_shape(self._correction)
-
     def _set_transformed_inputs(self) -> None:
         # Inputs were transformed once at construction (frozen transforms).
         pass

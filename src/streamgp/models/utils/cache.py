@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from streamgp.models.utils.views import correction_batch_shape
 from streamgp.settings import skip_value_checks
 
 
@@ -155,6 +156,19 @@ class CachedPosteriorMixin:
     def _snapshot_hyperparameters(self) -> None:
         r"""Key the caches on the current values of :meth:`_hyperparameters`."""
         self._hyper_snapshot = parameter_snapshot(self._hyperparameters())
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        r"""The batch shape of the conditioning correction (``[]`` without one)."""
+        return correction_batch_shape(self._correction)
+
+    def _after_rollback(self) -> None:
+        # A failed update restored the state (models/utils/transaction.py): the factors
+        # derived from the state it replaced may be stale.
+        self._invalidate()
+        parent = getattr(super(), "_after_rollback", None)
+        if parent is not None:
+            parent()
 
     def _apply_to_state(self, fn: Callable[[Tensor], Tensor]) -> None:
         r"""Apply ``fn`` to the state kept outside parameters and buffers (default: none)."""
