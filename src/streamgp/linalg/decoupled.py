@@ -169,7 +169,7 @@ def gaussian_optimal_parameters(
     m_beta = K_beta.shape[-1]
     # W = K_beta^-1 K_beta,x / s; B = W W^T = R^T R with W^T = Q R.
     W = torch.cholesky_solve(K_x_beta.mT, jittered_cholesky(K_beta)) / noise.sqrt()
-    R = torch.linalg.qr(W.mT, mode="complete").R[..., :m_beta, :]
+    R = torch.linalg.qr(W.mT, mode="r").R  # min(n, M_beta) x M_beta; no n x n Q
     if R.shape[-2] < m_beta:
         R = torch.cat([R, R.new_zeros(m_beta - R.shape[-2], m_beta)], dim=-2)
     return weights, R.mT

@@ -137,7 +137,8 @@ def structured_grid_posterior(
 
     # Step 1: Nystrom root Y of G (G_N = Y Y^T), stopped by an absolute trace gap.
     # The captured trace is a difference of large numbers: ask no more than round-off allows.
-    rel = max(tol / max(float(trace_G), tol), 1e3 * torch.finfo(dtype).eps)
+    asked = tol / max(float(trace_G), tol) if tol > 0 else 0.0  # tol = 0 with no data: 0
+    rel = max(asked, 1e3 * torch.finfo(dtype).eps)
     first = lanczos_root(
         lambda v: G_matmul(v.unsqueeze(-1)).squeeze(-1),
         trace_G,

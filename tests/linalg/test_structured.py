@@ -1,0 +1,200 @@
+"""Structured (Kronecker root + sparse statistic) LOVE grid posterior against dense SKI.
+
+The oracle is the textbook SKI posterior of the grid values with dense solves,
+``Sigma_U = K - K W^T (W K W^T + Lambda)^{-1} W K`` and
+``alpha = K W^T (W K W^T + Lambda)^{-1} y``, with ``K`` evaluated by the kernel on all
+grid points (no jitter, no Kronecker structure, no Lanczos). The documented error
+(module docstring of :mod:`streamgp.linalg.structured`) is two-sided: for every ``w``,
+
+``-|w|^2 residual_trace <= w^T (R R^T - Sigma_U) w <= whitened_residual * w^T K w``,
+
+and the certificates themselves are checked against dense traces.
+"""
+
+import pytest
+import torch
+from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
+from oracles import rel_err
+
+from streamgp.interpolation import CubicGridInterpolation
+from streamgp.linalg import grid_kernel_matrix, grid_kernel_root
+from streamgp.linalg.structured import conjugate_gradients, structured_grid_posterior
+
+DTYPE = torch.float64
+
+
+def setup(d=2, g=8, n=40, kind="rbf"):
+    interp = CubicGridInterpolation(torch.stack([torch.zeros(d), torch.ones(d)]).to(DTYPE), g)
+    base = RBFKernel(ard_num_dims=d) if kind == "rbf" else MaternKernel(2.5, ard_num_dims=d)
+    kernel = ScaleKernel(base).to(DTYPE)
+    base.lengthscale = torch.tensor([0.3, 0.5, 0.4][:d], dtype=DTYPE)
+    kernel.outputscale = 1.7
+    X = torch.rand(n, d, dtype=DTYPE)
+    y = torch.sin(4 * X).sum(-1) + 0.1 * torch.randn(n, dtype=DTYPE)
+    noise = 0.02 + 0.05 * torch.rand(n, dtype=DTYPE)
+    return interp, kernel, X, y, noise
+
+
+def dense_ski_posterior(K, W, y, noise):
+    """Dense SKI posterior of the grid values (plain solves, no structure)."""
+    gram = W @ K @ W.T + torch.diag(noise)
+    cross = K @ W.T
+    mean = cross @ torch.linalg.solve(gram, y)
+    cov = K - cross @ torch.linalg.solve(gram, cross.T)
+    return mean, 0.5 * (cov + cov.T)
+
+
+def statistics(interp, X, y, noise, sparse=True):
+    W = interp.weights(X)
+    A = W.weighted_gram(noise.reciprocal(), sparse=sparse)
+    b = W.t_matvec(y / noise)
+    return W, A, b
+
+
+def assert_certified(post, K, cov, probes, slack=1e-9):
+    """The two-sided LOVE bound of the module docs, for every probe column ``w``."""
+    R = post.posterior.root
+    err = ((R.T @ probes).square().sum(0)) - (probes * (cov @ probes)).sum(0)
+    prior = (probes * (K @ probes)).sum(0)
+    norm2 = probes.square().sum(0)
+    upper = post.whitened_residual * prior + slack * prior
+    lower = -(post.residual_trace * norm2 + slack * prior)
+    assert (err <= upper).all(), (err - upper).max()
+    assert (err >= lower).all(), (lower - err).max()
+
+
+@pytest.mark.parametrize("d,g", [(2, 8), (3, 5)])
+def test_structured_posterior_matches_dense_ski_with_near_zero_tolerance(d, g):
+    interp, kernel, X, y, noise = setup(d=d, g=g)
+    with torch.no_grad():
+        L_K = grid_kernel_root(kernel, interp.grid)
+        assert len(L_K.factors) == d  # really the Kronecker path
+        K = grid_kernel_matrix(kernel, interp.grid)
+        W, A, b = statistics(interp, X, y, noise)
+        assert A.is_sparse
+        post = structured_grid_posterior(L_K, A, b, tol=1e-12)
+        mean, cov = dense_ski_posterior(K, W.to_dense(), y, noise)
+    R = post.posterior.root
+    assert R.shape[0] == interp.num_grid and R.shape[1] <= interp.num_grid
+    assert rel_err(post.posterior.mean, mean) < 1e-8
+    assert rel_err(R @ R.T, cov) < 1e-7
+    assert 0 <= post.whitened_residual <= 1e-11
+    assert 0 <= post.residual_trace <= 1e-10 * torch.trace(cov)
+
+
+@pytest.mark.parametrize("tol", [1e-3, 1e-6])
+def test_love_root_is_within_its_certificate(tol):
+    interp, kernel, X, y, noise = setup()
+    with torch.no_grad():
+        L_K = grid_kernel_root(kernel, interp.grid)
+        K = grid_kernel_matrix(kernel, interp.grid)
+        W, A, b = statistics(interp, X, y, noise)
+        post = structured_grid_posterior(L_K, A, b, tol=tol)
+        mean, cov = dense_ski_posterior(K, W.to_dense(), y, noise)
+    m = interp.num_grid
+    R = post.posterior.root
+    assert R.shape[1] < m  # a genuinely low-rank root at this tolerance
+    # Step 1 stops on an absolute gap tol; step 2 on tol * tr(Sigma_1).
+    assert 0 <= post.whitened_residual <= tol
+    trace_sigma1_max = torch.trace(cov) + post.whitened_residual * torch.trace(K)
+    assert 0 <= post.residual_trace <= tol * trace_sigma1_max * (1 + 1e-9)
+    # The reported residual is tr(Sigma_1) - |R|_F^2, and Sigma_U <= Sigma_1 <= Sigma_U + wr K.
+    gap = post.residual_trace - (torch.trace(cov) - R.square().sum())
+    assert -1e-9 <= gap <= post.whitened_residual * torch.trace(K) + 1e-9
+    # Variances (unit vectors), random grid weights, and interpolation rows of test points.
+    Ws = interp.weights(torch.rand(25, 2, dtype=DTYPE)).to_dense().T
+    probes = torch.cat([torch.eye(m, dtype=DTYPE), torch.randn(m, 10, dtype=DTYPE), Ws], dim=1)
+    assert_certified(post, K, cov, probes)
+    # The mean is a CG solve, not a Lanczos approximation: accurate whatever tol is.
+    assert rel_err(post.posterior.mean, mean) < 1e-8
+
+
+@pytest.mark.parametrize("max_rank", [3, 6])
+def test_rank_cap_keeps_an_honest_certificate(max_rank):
+    interp, kernel, X, y, noise = setup(n=60)
+    with torch.no_grad():
+        L_K = grid_kernel_root(kernel, interp.grid)
+        K = grid_kernel_matrix(kernel, interp.grid)
+        W, A, b = statistics(interp, X, y, noise)
+        post = structured_grid_posterior(L_K, A, b, tol=1e-10, max_rank=max_rank)
+        mean, cov = dense_ski_posterior(K, W.to_dense(), y, noise)
+        L = L_K.to_dense()
+        G = L.T @ A.to_dense() @ L
+    m = interp.num_grid
+    assert post.posterior.root.shape[1] <= max_rank
+    # No rank-k approximation below G (or Sigma_1 >= Sigma_U) misses less than the
+    # tail of the spectrum (Weyl), so an honest certificate is at least that.
+    tail_G = torch.linalg.eigvalsh(G).flip(0)[max_rank:].sum()
+    tail_cov = torch.linalg.eigvalsh(cov).flip(0)[max_rank:].sum()
+    assert post.whitened_residual >= tail_G * (1 - 1e-9)
+    assert post.residual_trace >= tail_cov * (1 - 1e-9)
+    probes = torch.cat([torch.eye(m, dtype=DTYPE), torch.randn(m, 10, dtype=DTYPE)], dim=1)
+    assert_certified(post, K, cov, probes)
+    assert rel_err(post.posterior.mean, mean) < 1e-8
+
+
+def test_dense_statistic_and_non_separable_kernel_match_dense_ski():
+    interp, kernel, X, y, noise = setup(kind="matern")
+    with torch.no_grad():
+        L_K = grid_kernel_root(kernel, interp.grid)
+        assert len(L_K.factors) == 1  # dense root for Matern
+        K = grid_kernel_matrix(kernel, interp.grid)
+        W, A_sparse, b = statistics(interp, X, y, noise)
+        A_dense = A_sparse.to_dense()
+        sparse = structured_grid_posterior(L_K, A_sparse, b, tol=1e-12)
+        dense = structured_grid_posterior(L_K, A_dense, b, tol=1e-12)
+        mean, cov = dense_ski_posterior(K, W.to_dense(), y, noise)
+    for post in (sparse, dense):
+        R = post.posterior.root
+        assert rel_err(post.posterior.mean, mean) < 1e-8
+        assert rel_err(R @ R.T, cov) < 1e-7
+
+
+@pytest.mark.parametrize("tol", [1e-8, 0.0])
+def test_no_data_gives_the_prior(tol):
+    interp, kernel, *_ = setup()
+    m = interp.num_grid
+    with torch.no_grad():
+        L_K = grid_kernel_root(kernel, interp.grid)
+        K = grid_kernel_matrix(kernel, interp.grid)
+        empty = torch.sparse_coo_tensor(
+            torch.zeros(2, 0, dtype=torch.long), torch.zeros(0, dtype=DTYPE), (m, m)
+        ).coalesce()
+        post = structured_grid_posterior(L_K, empty, torch.zeros(m, dtype=DTYPE), tol=tol)
+    R = post.posterior.root
+    assert torch.isfinite(R).all()
+    assert torch.equal(post.posterior.mean, torch.zeros(m, dtype=DTYPE))
+    assert post.whitened_residual == 0
+    # Prior covariance up to the step-2 certificate (R R^T <= K, tr(K - R R^T) reported).
+    diff = K - R @ R.T
+    assert torch.linalg.eigvalsh(diff).min() > -1e-9
+    assert abs(torch.trace(diff) - post.residual_trace) < 1e-9
+    assert post.residual_trace <= max(tol, 1e-12) * torch.trace(K) * (1 + 1e-9)
+
+
+def spd(n, cond=1e3):
+    Q = torch.linalg.qr(torch.randn(n, n, dtype=DTYPE)).Q
+    return (
+        Q @ torch.diag(torch.logspace(0, torch.log10(torch.tensor(cond)).item(), n).to(DTYPE)) @ Q.T
+    )
+
+
+def test_conjugate_gradients_solves_columnwise():
+    M = spd(30)
+    rhs = torch.randn(30, 3, dtype=DTYPE)
+    rhs[:, 1] = 0.0  # a zero column stays zero (and stops at once)
+    x = conjugate_gradients(lambda V: M @ V, rhs, lambda V: V, 1e-12, 200)
+    ref = torch.linalg.solve(M, rhs)
+    assert torch.equal(x[:, 1], torch.zeros(30, dtype=DTYPE))
+    assert rel_err(x, ref) < 1e-9
+    # Exact preconditioner: one iteration solves it.
+    M_inv = torch.linalg.inv(M)
+    x1 = conjugate_gradients(lambda V: M @ V, rhs, lambda V: M_inv @ V, 1e-12, 1)
+    assert rel_err(x1, ref) < 1e-9
+    # No iterations: the zero start.
+    assert torch.equal(
+        conjugate_gradients(lambda V: M @ V, rhs, lambda V: V, 1e-12, 0), torch.zeros_like(rhs)
+    )
+    # Too few plain iterations on an ill-conditioned system do not solve it (the test can fail).
+    x3 = conjugate_gradients(lambda V: M @ V, rhs, lambda V: V, 1e-12, 3)
+    assert rel_err(x3, ref) > 1e-3
