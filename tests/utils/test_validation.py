@@ -27,3 +27,36 @@ def test_check_count_returns_valid_values():
     assert check_count(0, "k") == 0
     assert check_count(5, "k", minimum=2) == 5
     assert check_count(None, "k", minimum=1, allow_none=True) is None
+
+
+def test_model_argument_checks_name_the_argument():
+    import torch
+    from gpytorch.kernels import RBFKernel
+    from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
+
+    from streamgp.utils.validation import (
+        check_gaussian_likelihood,
+        check_kernel,
+        check_train_data,
+    )
+
+    X = torch.rand(4, 2, dtype=torch.float64)
+    check_train_data(X, torch.rand(4, 1, dtype=torch.float64))
+    check_train_data(X, torch.rand(4, 3, dtype=torch.float64), multi_output=True)
+    with pytest.raises(ValueError, match="train_Y must have shape n x 1"):
+        check_train_data(X, torch.rand(4, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="train_X must have shape n x d with n >= 1"):
+        check_train_data(X[:0], torch.rand(0, 1, dtype=torch.float64), allow_empty=False)
+    with pytest.raises(TypeError, match="train_Y has dtype"):
+        check_train_data(X, torch.rand(4, 1))
+
+    check_gaussian_likelihood(None)
+    check_gaussian_likelihood(GaussianLikelihood())
+    with pytest.raises(TypeError, match="likelihood must be .* Pass train_Yvar"):
+        check_gaussian_likelihood(
+            FixedNoiseGaussianLikelihood(noise=torch.ones(4)), hint="Pass train_Yvar."
+        )
+    check_kernel(None)
+    check_kernel(RBFKernel())
+    with pytest.raises(TypeError, match="covar_module must be a gpytorch Kernel, got str"):
+        check_kernel("rbf")

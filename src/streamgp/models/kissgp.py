@@ -110,6 +110,7 @@ from streamgp.linalg.woodbury import GridPosterior, LowRankCorrection, factorize
 from streamgp.models.base import construct_inputs_with_options
 from streamgp.models.utils import (
     CachedPosteriorMixin,
+    FrozenTransformsMixin,
     PosteriorMixin,
     conditioning_noise,
     fit_frozen_transforms,
@@ -169,7 +170,14 @@ class SKIKernel(GridInterpolationKernel):
         return KroneckerProductLinearOperator(*factors)  # first factor slowest, as W
 
 
-class KissGP(CachedPosteriorMixin, PosteriorMixin, GPyTorchModel, ExactGP, FantasizeMixin):
+class KissGP(
+    CachedPosteriorMixin,
+    PosteriorMixin,
+    FrozenTransformsMixin,
+    GPyTorchModel,
+    ExactGP,
+    FantasizeMixin,
+):
     r"""KISS-GP (exact GP with an interpolated grid kernel) with LOVE predictions.
 
     Args:
@@ -291,13 +299,6 @@ class KissGP(CachedPosteriorMixin, PosteriorMixin, GPyTorchModel, ExactGP, Fanta
         like = self.train_targets
         self.interpolation = self.interpolation.to(device=like.device, dtype=like.dtype)
         self.covar_module.interpolation = self.interpolation
-
-    def _set_transformed_inputs(self) -> None:
-        # Inputs are transformed when they arrive; train_inputs are already transformed.
-        pass
-
-    def _revert_to_original_inputs(self) -> None:
-        pass
 
     @property
     def num_train(self) -> int:

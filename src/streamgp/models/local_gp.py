@@ -54,7 +54,7 @@ from botorch.models.transforms.input import InputTransform
 from botorch.models.transforms.outcome import OutcomeTransform
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel, RBFKernel, ScaleKernel
-from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
+from gpytorch.likelihoods import GaussianLikelihood
 from gpytorch.means import ConstantMean, Mean
 from gpytorch.models import GP
 from linear_operator.operators import DenseLinearOperator
@@ -64,14 +64,22 @@ from torch import Tensor
 from streamgp.models.base import StreamingModelMixin
 from streamgp.models.utils import (
     CachedPosteriorMixin,
+    FrozenTransformsMixin,
     fit_frozen_transforms,
     invalidate_after_load,
     transform_new_data,
 )
-from streamgp.utils.validation import check_count, check_no_known_noise, check_targets, check_tensor
+from streamgp.utils.validation import (
+    check_count,
+    check_gaussian_likelihood,
+    check_no_known_noise,
+    check_targets,
+    check_tensor,
+    check_train_data,
+)
 
 
-class LocalGP(CachedPosteriorMixin, StreamingModelMixin, GPyTorchModel, GP):
+class LocalGP(CachedPosteriorMixin, StreamingModelMixin, FrozenTransformsMixin, GPyTorchModel, GP):
     r"""Local GP regression (Nguyen-Tuong et al. 2008) with ``n_max`` points per local model.
 
     Args:
@@ -128,24 +136,12 @@ class LocalGP(CachedPosteriorMixin, StreamingModelMixin, GPyTorchModel, GP):
         num_nearest: int = 3,
     ) -> None:
         check_no_known_noise(train_Yvar, "LocalGP")
-        check_tensor(train_X, "train_X", min_dim=2)
-        if train_X.dim() != 2:
-            raise ValueError(f"train_X must have shape n x d, got {tuple(train_X.shape)}.")
-        check_targets(
-            check_tensor(train_Y, "train_Y", like=train_X, min_dim=2), "train_Y", len(train_X)
-        )
+        check_train_data(train_X, train_Y)
         if not isinstance(w_gen, (int, float)) or not 0 <= w_gen < 1:
             raise ValueError(f"w_gen must be a number in [0, 1), got {w_gen!r}.")
         check_count(n_max, "n_max", minimum=1)
         check_count(num_nearest, "num_nearest", minimum=1)
-        if likelihood is not None and (
-            not isinstance(likelihood, GaussianLikelihood)
-            or isinstance(likelihood, FixedNoiseGaussianLikelihood)
-        ):
-            raise TypeError(
-                "likelihood must be a gpytorch GaussianLikelihood (homoskedastic noise); "
-                f"got {type(likelihood).__name__}."
-            )
+        check_gaussian_likelihood(likelihood)
         super().__init__()
         dim = train_X.shape[-1]
         tkwargs = {"dtype": train_X.dtype, "device": train_X.device}
@@ -202,13 +198,6 @@ class LocalGP(CachedPosteriorMixin, StreamingModelMixin, GPyTorchModel, GP):
     def _input_sums(self, local_X: Tensor, counts: Tensor) -> Tensor:
         r"""``K x d`` sums of the inputs each local model holds (centres times counts)."""
         return (local_X * self._mask(counts).unsqueeze(-1)).sum(-2)
-
-    def _set_transformed_inputs(self) -> None:
-        # Inputs are transformed when they arrive; no training inputs are stored.
-        pass
-
-    def _revert_to_original_inputs(self) -> None:
-        pass
 
     def _similarity(self, X: Tensor, centres: Tensor) -> Tensor:
         r"""Kernel correlation ``k(x, c) / sqrt(k(x, x) k(c, c))``: ``... x q x K``."""

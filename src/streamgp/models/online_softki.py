@@ -71,7 +71,7 @@ from streamgp.linalg.grid_kernel import GridKernelRoot, point_kernel_root
 from streamgp.linalg.woodbury import GridPosterior
 from streamgp.models.softki import DEFAULT_NUM_INDUCING, SoftKIGP, check_point_options
 from streamgp.models.wiski import WiskiGP
-from streamgp.utils.validation import check_count, check_grid_model_data
+from streamgp.utils.validation import check_count, check_grid_model_data, check_kernel
 
 #: Epochs of SoftKI's Algorithm 1 run on the constructor's batch by default.
 DEFAULT_PRETRAIN_EPOCHS = 50
@@ -263,10 +263,7 @@ class OnlineSoftKIGP(WiskiGP):
         pretrain_options = _check_fit_options(pretrain_options, "pretrain_options")
         if not isinstance(keep_data, bool):
             raise TypeError(f"keep_data must be a bool, got {type(keep_data).__name__}.")
-        if covar_module is not None and not isinstance(covar_module, Kernel):
-            raise TypeError(
-                f"covar_module must be a gpytorch Kernel, got {type(covar_module).__name__}."
-            )
+        check_kernel(covar_module)
 
         def learn_interpolation(
             X_t: Tensor, y: Tensor, noise: Tensor | None

@@ -51,14 +51,10 @@ from botorch.models.gpytorch import GPyTorchModel
 from botorch.models.model import FantasizeMixin
 from botorch.models.transforms.input import InputTransform
 from botorch.models.transforms.outcome import OutcomeTransform
-from botorch.models.utils.gpytorch_modules import (
-    get_covar_module_with_dim_scaled_prior,
-    get_gaussian_likelihood_with_lognormal_prior,
-)
 from botorch.optim.utils import get_parameters_and_bounds
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel
-from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
+from gpytorch.likelihoods import GaussianLikelihood
 from gpytorch.models import GP
 from linear_operator.operators import DenseLinearOperator
 from torch import Tensor
@@ -77,11 +73,13 @@ from streamgp.linalg.woodbury import LowRankCorrection
 from streamgp.models.base import StreamingModelMixin
 from streamgp.models.utils import (
     CachedPosteriorMixin,
+    FrozenTransformsMixin,
     MutableState,
     TransactionalMixin,
     conditioning_noise,
     fit_frozen_transforms,
     invalidate_after_load,
+    kernel_and_likelihood_or_defaults,
     parameter_snapshot,
     parameters_unchanged,
     shallow_view,
@@ -89,11 +87,14 @@ from streamgp.models.utils import (
     transform_new_data,
 )
 from streamgp.utils.validation import (
+    check_gaussian_likelihood,
     check_inducing_points,
+    check_kernel,
     check_no_known_noise,
     check_positive,
     check_targets,
     check_tensor,
+    check_train_data,
 )
 
 #: Inducing points used when neither ``inducing_points`` nor ``num_inducing`` is given.
@@ -118,6 +119,7 @@ class OnlineSGPR(
     CachedPosteriorMixin,
     StreamingModelMixin,
     TransactionalMixin,
+    FrozenTransformsMixin,
     GPyTorchModel,
     GP,
     FantasizeMixin,
@@ -202,15 +204,7 @@ class OnlineSGPR(
         seed: int = 0,
     ) -> None:
         check_no_known_noise(train_Yvar, "OnlineSGPR")
-        check_tensor(train_X, "train_X", min_dim=2)
-        if train_X.dim() != 2:
-            raise ValueError(
-                f"train_X must have shape n x d (batched models are not supported), "
-                f"got {tuple(train_X.shape)}."
-            )
-        check_targets(
-            check_tensor(train_Y, "train_Y", like=train_X, min_dim=2), "train_Y", len(train_X)
-        )
+        check_train_data(train_X, train_Y)
         dim = train_X.shape[-1]
         if inducing_points is not None:
             check_inducing_points(inducing_points, train_X, dim)
@@ -243,32 +237,18 @@ class OnlineSGPR(
             raise ValueError(f"lr must be a positive number, got {lr!r}.")
         if jitter is not None and (not isinstance(jitter, (int, float)) or not jitter >= 0):
             raise ValueError(f"jitter must be a non-negative number or None, got {jitter!r}.")
-        if likelihood is not None and (
-            not isinstance(likelihood, GaussianLikelihood)
-            or isinstance(likelihood, FixedNoiseGaussianLikelihood)
-        ):
-            raise TypeError(
-                "likelihood must be a gpytorch GaussianLikelihood (learned homoskedastic "
-                f"noise); got {type(likelihood).__name__}."
-            )
-        if covar_module is not None and not isinstance(covar_module, Kernel):
-            raise TypeError(
-                f"covar_module must be a gpytorch Kernel, got {type(covar_module).__name__}."
-            )
+        check_gaussian_likelihood(likelihood)
+        check_kernel(covar_module)
         super().__init__()
-        tkwargs = {"dtype": train_X.dtype, "device": train_X.device}
 
         # Fit the transforms once on the initial data, then freeze them.
         transformed_X, train_Y, _ = fit_frozen_transforms(
             self, train_X, train_Y, input_transform, outcome_transform
         )
 
-        if covar_module is None:
-            covar_module = get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
-        self.covar_module = covar_module.to(**tkwargs)
-        self.likelihood = (
-            get_gaussian_likelihood_with_lognormal_prior() if likelihood is None else likelihood
-        ).to(**tkwargs)
+        self.covar_module, self.likelihood = kernel_and_likelihood_or_defaults(
+            covar_module, likelihood, like=train_X
+        )
 
         self.inducing_selector = inducing_selector
         if num_inducing is None:
@@ -600,13 +580,6 @@ class OnlineSGPR(
             if name in state_dict:
                 setattr(self, name, torch.empty_like(state_dict[name]))
         self._clear_caches()
-
-    def _set_transformed_inputs(self) -> None:
-        # Inputs are transformed when they arrive; no training inputs are stored.
-        pass
-
-    def _revert_to_original_inputs(self) -> None:
-        pass
 
     def _transform_new_data(
         self, X: Tensor, Y: Tensor | None = None

@@ -84,6 +84,7 @@ from streamgp.linalg.variational import (
 )
 from streamgp.models.base import StreamingModelMixin
 from streamgp.models.utils import (
+    FrozenTransformsMixin,
     JointConditioningMixin,
     MutableState,
     check_latent_only,
@@ -189,6 +190,7 @@ class OnlineSVGP(
     JointConditioningMixin,
     StreamingModelMixin,
     PersistentOptimizerMixin,
+    FrozenTransformsMixin,
     GPyTorchModel,
     GP,
     FantasizeMixin,
@@ -405,13 +407,6 @@ class OnlineSVGP(
     @property
     def batch_shape(self) -> torch.Size:
         return conditioning_batch_shape(self._conditioning)
-
-    def _set_transformed_inputs(self) -> None:
-        # Inputs are transformed when they arrive; no training inputs are stored.
-        pass
-
-    def _revert_to_original_inputs(self) -> None:
-        pass
 
     def _select_inducing(self, X_t: Tensor, dim: int, tkwargs: dict) -> Tensor:
         Z = self.inducing_selector.update(X_t)

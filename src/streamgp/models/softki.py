@@ -62,15 +62,11 @@ from botorch.models.gpytorch import GPyTorchModel
 from botorch.models.model import FantasizeMixin
 from botorch.models.transforms.input import InputTransform
 from botorch.models.transforms.outcome import OutcomeTransform
-from botorch.models.utils.gpytorch_modules import (
-    get_covar_module_with_dim_scaled_prior,
-    get_gaussian_likelihood_with_lognormal_prior,
-)
 from botorch.optim.utils import get_parameters_and_bounds
 from gpytorch.constraints import Positive
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel
-from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
+from gpytorch.likelihoods import GaussianLikelihood
 from gpytorch.models import GP
 from torch import Tensor
 
@@ -82,11 +78,13 @@ from streamgp.linalg.woodbury import GridPosterior, LowRankCorrection
 from streamgp.models.base import StreamingModelMixin
 from streamgp.models.utils import (
     CachedPosteriorMixin,
+    FrozenTransformsMixin,
     MutableState,
     TransactionalMixin,
     conditioning_noise,
     fit_frozen_transforms,
     invalidate_after_load,
+    kernel_and_likelihood_or_defaults,
     shallow_view,
     transaction,
     transform_new_data,
@@ -94,11 +92,13 @@ from streamgp.models.utils import (
 from streamgp.utils.validation import (
     check_conditioning_data,
     check_count,
+    check_gaussian_likelihood,
     check_inducing_points,
+    check_kernel,
     check_no_known_noise,
     check_positive_number,
-    check_targets,
     check_tensor,
+    check_train_data,
 )
 
 #: Interpolation points used when neither ``inducing_points`` nor ``num_inducing`` is
@@ -280,6 +280,7 @@ class SoftKIGP(
     CachedPosteriorMixin,
     StreamingModelMixin,
     TransactionalMixin,
+    FrozenTransformsMixin,
     GPyTorchModel,
     GP,
     FantasizeMixin,
@@ -345,29 +346,10 @@ class SoftKIGP(
     ) -> None:
         # Validate everything before any state is created.
         check_no_known_noise(train_Yvar, "SoftKIGP")
-        check_tensor(train_X, "train_X", min_dim=2)
-        if train_X.dim() != 2 or len(train_X) == 0:
-            raise ValueError(
-                "train_X must have shape n x d with n >= 1 (batched models are not "
-                f"supported), got {tuple(train_X.shape)}."
-            )
-        check_targets(
-            check_tensor(train_Y, "train_Y", like=train_X, min_dim=2), "train_Y", len(train_X)
-        )
-        dim = train_X.shape[-1]
+        check_train_data(train_X, train_Y, allow_empty=False)
         check_point_options(train_X, num_inducing, inducing_points, temperature, squared_distance)
-        if likelihood is not None and (
-            not isinstance(likelihood, GaussianLikelihood)
-            or isinstance(likelihood, FixedNoiseGaussianLikelihood)
-        ):
-            raise TypeError(
-                "likelihood must be a gpytorch GaussianLikelihood (learned homoskedastic "
-                f"noise); got {type(likelihood).__name__}."
-            )
-        if covar_module is not None and not isinstance(covar_module, Kernel):
-            raise TypeError(
-                f"covar_module must be a gpytorch Kernel, got {type(covar_module).__name__}."
-            )
+        check_gaussian_likelihood(likelihood)
+        check_kernel(covar_module)
         super().__init__()
         tkwargs = {"dtype": train_X.dtype, "device": train_X.device}
 
@@ -378,12 +360,9 @@ class SoftKIGP(
         self.register_buffer("train_X_t", X_t.detach().clone())
         self.register_buffer("train_y_t", Y_t.squeeze(-1).detach().clone())
 
-        if covar_module is None:
-            covar_module = get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
-        self.covar_module = covar_module.to(**tkwargs)
-        self.likelihood = (
-            get_gaussian_likelihood_with_lognormal_prior() if likelihood is None else likelihood
-        ).to(**tkwargs)
+        self.covar_module, self.likelihood = kernel_and_likelihood_or_defaults(
+            covar_module, likelihood, like=train_X
+        )
 
         # Algorithm 1, line 1: interpolation points at k-means centres.
         if inducing_points is None:
@@ -630,13 +609,6 @@ class SoftKIGP(
         return history
 
     # ------------------------------------------------------------ BoTorch API
-    def _set_transformed_inputs(self) -> None:
-        # Inputs were transformed once at construction (frozen transforms).
-        pass
-
-    def _revert_to_original_inputs(self) -> None:
-        pass
-
     def _check_inputs(self, X: Tensor, name: str) -> None:
         check_tensor(
             X, name, like=self.train_X_t, min_dim=2, last_dim=self.inducing_points.shape[-1]

@@ -76,6 +76,7 @@ from streamgp.linalg.decoupled import (
 from streamgp.models.base import StreamingModelMixin
 from streamgp.models.osvgp import _check_binary, _check_likelihood
 from streamgp.models.utils import (
+    FrozenTransformsMixin,
     JointConditioningMixin,
     MutableState,
     check_latent_only,
@@ -100,6 +101,7 @@ class DecoupledSVGP(
     JointConditioningMixin,
     StreamingModelMixin,
     PersistentOptimizerMixin,
+    FrozenTransformsMixin,
     GPyTorchModel,
     GP,
     FantasizeMixin,
@@ -341,13 +343,6 @@ class DecoupledSVGP(
     @property
     def batch_shape(self) -> torch.Size:
         return conditioning_batch_shape(self._conditioning)
-
-    def _set_transformed_inputs(self) -> None:
-        # Inputs are transformed when they arrive; no training inputs are stored.
-        pass
-
-    def _revert_to_original_inputs(self) -> None:
-        pass
 
     def _permutation(self, n: int, device: torch.device) -> Tensor:
         return torch.randperm(n, generator=self._generator).to(device)

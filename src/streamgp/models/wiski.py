@@ -116,6 +116,7 @@ from streamgp.linalg.woodbury import (
 from streamgp.models.base import StreamingModelMixin
 from streamgp.models.utils import (
     CachedPosteriorMixin,
+    FrozenTransformsMixin,
     conditioning_noise,
     correction_batch_shape,
     fit_frozen_transforms,
@@ -187,7 +188,14 @@ _GRID_FIELDS = ("A", "b", "c", "n", "sum_log_noise", "sum_noise")
 _DATA_KEY_PREFIXES = ("statistics.", "stat_", "input_transform.", "outcome_transform.")
 
 
-class WiskiGP(CachedPosteriorMixin, StreamingModelMixin, GPyTorchModel, GP, FantasizeMixin):
+class WiskiGP(
+    CachedPosteriorMixin,
+    StreamingModelMixin,
+    FrozenTransformsMixin,
+    GPyTorchModel,
+    GP,
+    FantasizeMixin,
+):
     r"""Exact SKI Gaussian process with constant-time (in ``n``) online updates.
 
     Args:
@@ -786,13 +794,6 @@ class WiskiGP(CachedPosteriorMixin, StreamingModelMixin, GPyTorchModel, GP, Fant
         shape = correction_batch_shape(self._correction)
         # A multi-output correction carries the outputs as its last batch dimension.
         return shape[:-1] if self._num_outputs > 1 and self._correction is not None else shape
-
-    def _set_transformed_inputs(self) -> None:
-        # Inputs are transformed when they arrive; no training inputs are stored.
-        pass
-
-    def _revert_to_original_inputs(self) -> None:
-        pass
 
     def _transform_new_data(
         self, X: Tensor, Y: Tensor | None = None, Yvar: Tensor | None = None

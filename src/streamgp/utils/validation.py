@@ -12,6 +12,7 @@ import warnings
 
 import torch
 from botorch.models.transforms.input import AffineInputTransform, ChainedInputTransform
+from gpytorch.kernels import Kernel
 from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
 from torch import Tensor
 
@@ -122,6 +123,68 @@ def check_grid_input_transform(input_transform: object | None) -> None:
             )
 
 
+def check_train_data(
+    train_X: object, train_Y: object, *, allow_empty: bool = True, multi_output: bool = False
+) -> None:
+    r"""Validate a single-task model's constructor data ``train_X``, ``train_Y``.
+
+    Args:
+        train_X: Must be an unbatched ``n x d`` floating tensor.
+        train_Y: Must be ``n x 1`` (``n x k`` with ``multi_output``), with ``train_X``'s
+            dtype and device.
+        allow_empty: Whether ``n = 0`` is accepted.
+        multi_output: Whether ``train_Y`` may have more than one column.
+    """
+    check_tensor(train_X, "train_X", min_dim=2)
+    if train_X.dim() != 2 or (not allow_empty and len(train_X) == 0):
+        at_least = "" if allow_empty else " with n >= 1"
+        raise ValueError(
+            f"train_X must have shape n x d{at_least} (batched models are not supported), "
+            f"got {tuple(train_X.shape)}."
+        )
+    check_targets(
+        check_tensor(train_Y, "train_Y", like=train_X, min_dim=2),
+        "train_Y",
+        len(train_X),
+        num_outputs=None if multi_output else 1,
+    )
+
+
+def check_gaussian_likelihood(likelihood: object | None, hint: str = "") -> None:
+    r"""Check that ``likelihood`` is None or a gpytorch ``GaussianLikelihood`` with learned noise.
+
+    A ``FixedNoiseGaussianLikelihood`` is refused: the models that call this learn one
+    homoskedastic noise level.
+
+    Args:
+        likelihood: The constructor's ``likelihood`` argument (None: the model's default).
+        hint: A sentence appended to the error message, e.g. how to get fixed noise.
+
+    Raises:
+        TypeError: If ``likelihood`` is neither None nor such a likelihood.
+    """
+    if likelihood is not None and (
+        not isinstance(likelihood, GaussianLikelihood)
+        or isinstance(likelihood, FixedNoiseGaussianLikelihood)
+    ):
+        raise TypeError(
+            "likelihood must be a gpytorch GaussianLikelihood (learned homoskedastic "
+            f"noise); got {type(likelihood).__name__}." + (f" {hint}" if hint else "")
+        )
+
+
+def check_kernel(covar_module: object | None) -> None:
+    r"""Check that ``covar_module`` is None (the model's default kernel) or a gpytorch ``Kernel``.
+
+    Raises:
+        TypeError: If it is anything else.
+    """
+    if covar_module is not None and not isinstance(covar_module, Kernel):
+        raise TypeError(
+            f"covar_module must be a gpytorch Kernel, got {type(covar_module).__name__}."
+        )
+
+
 def check_grid_model_data(
     train_X: object,
     train_Y: object,
@@ -139,19 +202,7 @@ def check_grid_model_data(
     must be ``None``; otherwise ``likelihood`` must be a learned-noise gpytorch
     ``GaussianLikelihood`` or ``None``.
     """
-    check_tensor(train_X, "train_X", min_dim=2)
-    if train_X.dim() != 2 or (not allow_empty and len(train_X) == 0):
-        at_least = "" if allow_empty else " with n >= 1"
-        raise ValueError(
-            f"train_X must have shape n x d{at_least} (batched models are not supported), "
-            f"got {tuple(train_X.shape)}."
-        )
-    check_targets(
-        check_tensor(train_Y, "train_Y", like=train_X, min_dim=2),
-        "train_Y",
-        len(train_X),
-        num_outputs=None if multi_output else 1,
-    )
+    check_train_data(train_X, train_Y, allow_empty=allow_empty, multi_output=multi_output)
     if train_Yvar is not None:
         check_tensor(train_Yvar, "train_Yvar", like=train_X, min_dim=2)
         if train_Yvar.shape != train_Y.shape:
@@ -165,14 +216,7 @@ def check_grid_model_data(
                 "likelihood must be None when train_Yvar is given (the fixed-noise "
                 "likelihood is built from train_Yvar)."
             )
-    if likelihood is not None and (
-        not isinstance(likelihood, GaussianLikelihood)
-        or isinstance(likelihood, FixedNoiseGaussianLikelihood)
-    ):
-        raise TypeError(
-            "likelihood must be a gpytorch GaussianLikelihood (learned homoskedastic "
-            f"noise); got {type(likelihood).__name__}. Pass train_Yvar for fixed noise."
-        )
+    check_gaussian_likelihood(likelihood, hint="Pass train_Yvar for fixed noise.")
 
 
 def check_new_observations(

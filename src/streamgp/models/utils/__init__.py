@@ -4,7 +4,9 @@ r"""What every streamgp model shares: posterior template, transforms, views, cac
   (:class:`PosteriorMixin`) and the assembly of a latent posterior into BoTorch's
   (observation noise, outcome untransform, structured covariances).
 - :mod:`~streamgp.models.utils.transforms`: input and outcome transforms fitted on the
-  constructor's data and then frozen.
+  constructor's data and then frozen (:class:`FrozenTransformsMixin`).
+- :mod:`~streamgp.models.utils.defaults`: BoTorch's ``SingleTaskGP`` kernel and
+  likelihood as model defaults.
 - :mod:`~streamgp.models.utils.views`: conditioned models as views (no copies).
 - :mod:`~streamgp.models.utils.cache`: caches valid while the hyperparameters are, and
   the plumbing that drops them (:class:`CachedPosteriorMixin`).
@@ -18,6 +20,7 @@ from streamgp.models.utils.cache import (
     parameter_snapshot,
     parameters_unchanged,
 )
+from streamgp.models.utils.defaults import kernel_and_likelihood_or_defaults
 from streamgp.models.utils.posterior import (
     PosteriorMixin,
     assemble_posterior,
@@ -25,7 +28,12 @@ from streamgp.models.utils.posterior import (
     check_latent_only,
 )
 from streamgp.models.utils.transaction import MutableState, TransactionalMixin, transaction
-from streamgp.models.utils.transforms import eval_mode, fit_frozen_transforms, transform_new_data
+from streamgp.models.utils.transforms import (
+    FrozenTransformsMixin,
+    eval_mode,
+    fit_frozen_transforms,
+    transform_new_data,
+)
 from streamgp.models.utils.views import (
     JointConditioningMixin,
     append_conditioning,
@@ -38,6 +46,7 @@ from streamgp.models.utils.views import (
 
 __all__ = [
     "CachedPosteriorMixin",
+    "FrozenTransformsMixin",
     "JointConditioningMixin",
     "MutableState",
     "PosteriorMixin",
@@ -53,6 +62,7 @@ __all__ = [
     "eval_mode",
     "fit_frozen_transforms",
     "invalidate_after_load",
+    "kernel_and_likelihood_or_defaults",
     "parameter_snapshot",
     "parameters_unchanged",
     "shallow_view",

@@ -5,6 +5,7 @@ given to the constructor and frozen; every later batch (``observe``,
 ``condition_on_observations``) passes through the frozen transforms. With
 ``Standardize`` this keeps the first batch's mean and scale for the whole stream,
 which is what BoTorch's own ``condition_on_observations`` does.
+:class:`FrozenTransformsMixin` tells BoTorch's ``train`` / ``eval`` hooks so.
 """
 
 from __future__ import annotations
@@ -15,6 +16,24 @@ import torch
 from botorch.models.transforms.input import InputTransform
 from botorch.models.transforms.outcome import OutcomeTransform
 from torch import Tensor
+
+
+class FrozenTransformsMixin:
+    r"""BoTorch's input-transform hooks, as no-ops, for a model with frozen transforms.
+
+    BoTorch's ``Model.eval`` and ``Model.train`` swap a model's stored ``train_inputs``
+    between the original and the transformed space (``_set_transformed_inputs``,
+    ``_revert_to_original_inputs``). A streamgp model transforms data once, when they
+    arrive (:func:`fit_frozen_transforms`, :func:`transform_new_data`), and stores
+    only transformed data, if any, so there is nothing to swap. List this mixin before
+    ``GPyTorchModel`` in the bases.
+    """
+
+    def _set_transformed_inputs(self) -> None:
+        pass
+
+    def _revert_to_original_inputs(self) -> None:
+        pass
 
 
 @contextmanager
