@@ -87,3 +87,24 @@ def test_restandardize_refuses_what_it_cannot_do_exactly():
     )
     with pytest.raises(ValueError, match="learned noise"):
         fixed.restandardize()
+
+
+def test_posterior_moves_to_the_grid_earlier_for_kernels_without_kronecker_features():
+    """Dense features cost O(4^d m) per test point in data space too: only the O(m^3)
+    refit is weighed against n^2 (sqrt(m^3 / PREDICTIONS_PER_REFIT) = 85 for 30 x 30)."""
+    from gpytorch.kernels import MaternKernel
+
+    from streamgp.linalg.data_space import DataPosterior
+    from streamgp.linalg.woodbury import GridPosterior
+
+    torch.manual_seed(0)
+    X = torch.rand(100, 2, dtype=torch.float64)
+    Y = torch.sin(5 * X).sum(-1, keepdim=True)
+    kinds = {}
+    for n in (60, 100):
+        for name, kernel in (("matern", MaternKernel(nu=0.5)), ("rbf", None)):
+            model = WiskiGP(X[:n], Y[:n], grid_size=30, covar_module=kernel)
+            assert model.in_data_space
+            kinds[name, n] = type(model.exact_posterior())
+    assert kinds["matern", 60] is DataPosterior and kinds["matern", 100] is GridPosterior
+    assert kinds["rbf", 60] is DataPosterior and kinds["rbf", 100] is DataPosterior  # 151

@@ -640,7 +640,10 @@ class WiskiGP(
     PREDICTIONS_PER_REFIT = 100_000
     #: In data space, the posterior is kept on the grid once ``n`` reaches this (None:
     #: where ``O(m^3)`` per refit plus ``O(4^d m)`` per test point undercut ``O(n^2)`` per
-    #: test point, ``sqrt(4^d m + m^3 / PREDICTIONS_PER_REFIT)``: 272 for a 10^3 grid).
+    #: test point, ``sqrt(4^d m + m^3 / PREDICTIONS_PER_REFIT)``: 272 for a 10^3 grid.
+    #: A kernel without Kronecker structure pays ``O(4^d m)`` per test point in data
+    #: space too (its features ``W_* L_K`` are dense), so there only the refit counts:
+    #: ``sqrt(m^3 / PREDICTIONS_PER_REFIT)``, 85 for a 30 x 30 grid).
     GRID_POSTERIOR_MIN_N: int | None = None
 
     def _posterior_on_grid(self, statistics: DataStatistics | GridStatistics) -> bool:
@@ -652,7 +655,8 @@ class WiskiGP(
         threshold = self.GRID_POSTERIOR_MIN_N
         if threshold is None:
             m, dim = self.interpolation.num_grid, self.interpolation.dim
-            threshold = math.sqrt(4**dim * m + m**3 / self.PREDICTIONS_PER_REFIT)
+            per_point = 4**dim * m if is_separable(self.covar_module) else 0
+            threshold = math.sqrt(per_point + m**3 / self.PREDICTIONS_PER_REFIT)
         return statistics.count >= threshold
 
     def grid_posterior(self) -> GridPosterior:
