@@ -289,7 +289,9 @@ def grid_kernel_factors(covar_module: Kernel, grid: list[Tensor]) -> tuple[list[
         roots = list(jittered_cholesky(K).unbind(0))
         diag = K[0, 0, 0]
     else:
-        factors = [covar_module(_axis_points(grid, i)).to_dense() for i in range(len(grid))]
+        factors = [
+            _separable_kernel_matrix(covar_module, _axis_points(grid, i)) for i in range(len(grid))
+        ]
         diag = factors[0][0, 0]
         roots = [jittered_cholesky(K_i) for K_i in factors]
     return roots, diag.rsqrt() ** (len(grid) - 1)

@@ -118,7 +118,6 @@ from streamgp.models.utils import (
     CachedPosteriorMixin,
     FrozenTransformsMixin,
     conditioning_noise,
-    correction_batch_shape,
     fit_frozen_transforms,
     shallow_view,
     transform_new_data,
@@ -410,7 +409,8 @@ class WiskiGP(
         The outputs of a multi-output model share the Gram statistics, so each row must
         have one noise variance for all of them.
         """
-        if self._num_outputs > 1 and not torch.equal(Yvar, Yvar[..., :1].expand_as(Yvar)):
+        checked = self._num_outputs > 1 and not skip_value_checks.on()
+        if checked and not torch.equal(Yvar, Yvar[..., :1].expand_as(Yvar)):
             raise ValueError(
                 f"{name} differs between outputs (after the outcome transform): the "
                 f"outputs of a multi-output WiskiGP share one noise variance per row. Use a "
@@ -795,7 +795,7 @@ class WiskiGP(
 
     @property
     def batch_shape(self) -> torch.Size:
-        shape = correction_batch_shape(self._correction)
+        shape = super().batch_shape
         # A multi-output correction carries the outputs as its last batch dimension.
         return shape[:-1] if self._num_outputs > 1 and self._correction is not None else shape
 
@@ -1027,8 +1027,6 @@ class WiskiGP(
         index = torch.tensor(idcs, device=self.interpolation.bounds.device)
 
         def pick(tensor: Tensor, dim: int) -> Tensor:  # ``dim``: the output dimension
-            if k == 1:
-                return tensor
             if len(idcs) == 1:
                 return tensor.select(dim, idcs[0])
             return tensor.index_select(dim, index)
