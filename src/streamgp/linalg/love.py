@@ -43,6 +43,7 @@ Two choices differ from gpytorch's implementation, deliberately:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -317,3 +318,97 @@ def sample_with_root(mean: Tensor, root: Tensor, base_samples: Tensor) -> Tensor
             f"got shape {tuple(base_samples.shape)}."
         )
     return mean + (root @ base_samples.unsqueeze(-1)).squeeze(-1)
+
+
+#: Columns per block of :func:`block_lanczos_root` (products with ``M`` and the
+#: re-orthogonalisation become matrix-matrix products of this width).
+DEFAULT_BLOCK_SIZE = 64
+
+
+def block_lanczos_root(
+    matmul: Callable[[Tensor], Tensor],
+    trace: Tensor,
+    size: int,
+    *,
+    tol: float = DEFAULT_TOLERANCE,
+    max_rank: int | None = None,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+) -> LanczosRoot:
+    r""":func:`lanczos_root` for one large operator, ``block_size`` vectors at a time.
+
+    Block Krylov iteration with full re-orthogonalisation: the basis grows by the
+    orthonormalised products of ``M`` with the newest block, so every product with
+    ``M`` and every re-orthogonalisation is a matrix-matrix product (one pass over
+    the ``m x k`` basis per block instead of per vector). The root is the Nystrom
+    root of the basis, ``R = (M Q) (Q^T M Q)^{+1/2}`` (``R R^T <= M``), and iteration
+    stops once ``tr(Q^T M Q) >= (1 - tol) tr(M)`` (``<= tr(R R^T)``), so the
+    certificate is that of :func:`lanczos_root`. For grid operators of ``10^4`` points
+    and more this is about ten times faster than the vector recurrence, for a rank
+    at most one block larger.
+
+    Args:
+        matmul: Product with ``M``: ``m x p`` to ``m x p``.
+        trace: Exact ``tr(M)`` (a scalar tensor).
+        size: ``m``.
+        tol: Relative tolerance on the residual trace.
+        max_rank: Optional cap on the rank (at most ``m``).
+        block_size: Vectors per block (at most ``m / 32``, at least one).
+
+    Returns:
+        A :class:`LanczosRoot` with an ``m x k`` root.
+
+    Example:
+        >>> L = torch.randn(300, 300, dtype=torch.float64) * 0.7 ** torch.arange(300.0)
+        >>> M = L @ L.T
+        >>> res = block_lanczos_root(lambda V: M @ V, M.trace(), 300, tol=1e-10)
+        >>> bool(res.residual_trace <= 1e-10 * M.trace())
+        True
+    """
+    if not 0.0 <= tol < 1.0:
+        raise ValueError(f"tol must be in [0, 1), got {tol}.")
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}.")
+    trace = torch.as_tensor(trace)
+    limit = size if max_rank is None else min(size, max_rank)
+    # Small operators: narrower blocks, so the rank overshoots by few vectors.
+    block_size = max(1, min(block_size, size // 32))
+    eps = torch.finfo(trace.dtype).eps
+    target = float((1.0 - tol) * trace) if tol > 0 else math.inf
+    block = _start_vector(torch.Size((block_size, size)), trace).mT[:, : min(block_size, limit)]
+    block = torch.linalg.qr(block).Q
+    bases: list[Tensor] = []
+    products: list[Tensor] = []
+    captured, rank = 0.0, 0
+    while True:
+        product = matmul(block)
+        bases.append(block)
+        products.append(product)
+        rank += block.shape[-1]
+        captured += float((block * product).sum())
+        if captured >= target or rank >= limit:
+            break
+        basis = torch.cat(bases, -1)
+        width = min(block_size, limit - rank)
+        new = product[:, :width]
+        for _ in range(2):  # twice is enough (classical Gram-Schmidt, in blocks)
+            new = new - basis @ (basis.mT @ new)
+        block, upper = torch.linalg.qr(new)
+        scale = upper.diagonal().abs().amax().clamp_min(torch.finfo(trace.dtype).tiny)
+        lost = upper.diagonal().abs() <= size * eps * scale
+        if bool(lost.all()):
+            # An invariant subspace: continue from fresh directions (as lanczos_root restarts).
+            fresh = _start_vector(torch.Size((width, size)), trace, offset=rank).mT
+            for _ in range(2):
+                fresh = fresh - basis @ (basis.mT @ fresh)
+            block = torch.linalg.qr(fresh).Q
+        elif bool(lost.any()):
+            block = block[:, ~lost]
+    basis, product = torch.cat(bases, -1), torch.cat(products, -1)
+    projected = basis.mT @ product
+    theta, S = torch.linalg.eigh(0.5 * (projected + projected.mT))
+    cutoff = theta.shape[-1] * eps * theta.amax().clamp_min(0.0)
+    keep = theta > cutoff
+    safe = torch.where(keep, theta, torch.ones_like(theta))
+    root = (product @ S) * torch.where(keep, safe.rsqrt(), torch.zeros_like(theta))
+    residual = (trace - root.square().sum()).clamp_min(0.0)
+    return LanczosRoot(root=root, trace=trace, residual_trace=residual)
