@@ -11,14 +11,25 @@ grid points (no jitter, no Kronecker structure, no Lanczos). The documented erro
 and the certificates themselves are checked against dense traces.
 """
 
+import math
+
 import pytest
 import torch
 from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
 from oracles import rel_err
 
 from streamgp.interpolation import CubicGridInterpolation
-from streamgp.linalg import grid_kernel_matrix, grid_kernel_root
-from streamgp.linalg.structured import conjugate_gradients, structured_grid_posterior
+from streamgp.linalg import (
+    GridKernelRoot,
+    grid_kernel_matrix,
+    grid_kernel_root,
+    log_marginal_likelihood,
+)
+from streamgp.linalg.structured import (
+    conjugate_gradients,
+    structured_grid_posterior,
+    structured_log_marginal_likelihood,
+)
 
 DTYPE = torch.float64
 
@@ -198,3 +209,40 @@ def test_conjugate_gradients_solves_columnwise():
     # Too few plain iterations on an ill-conditioned system do not solve it (the test can fail).
     x3 = conjugate_gradients(lambda V: M @ V, rhs, lambda V: V, 1e-12, 3)
     assert rel_err(x3, ref) > 1e-3
+
+
+@pytest.mark.parametrize("learned_noise", [True, False])
+@pytest.mark.parametrize("tol", [1e-8, 1e-2])
+def test_large_grid_marginal_likelihood_equals_dense_within_its_gap(learned_noise, tol):
+    """Sparse-statistics MLL (Nystrom log-det + CG) against the dense closed form."""
+    interp, kernel, X, y, noise = setup(d=3, g=7, n=150)
+    if learned_noise:
+        noise = torch.full_like(noise, 0.04)
+    W = interp.weights(X)
+    root = grid_kernel_root(kernel, interp.grid)
+    factors = [f.detach().clone().requires_grad_() for f in root.factors]
+    L_K = GridKernelRoot(tuple(factors))
+    n, c = torch.tensor(float(len(y)), dtype=DTYPE), (y.square() / noise).sum()
+    if learned_noise:  # raw sums with a differentiable precision, as GridStatistics keeps them
+        precision = torch.tensor(1 / 0.04, dtype=DTYPE, requires_grad=True)
+        A_sparse = W.weighted_gram(torch.ones_like(noise), sparse=True)
+        b, c, log_noise = W.t_matvec(y), y.square().sum(), n * math.log(0.04)
+        inputs = [*factors, precision]
+    else:
+        precision = None
+        _, A_sparse, b = statistics(interp, X, y, noise)
+        log_noise = noise.log().sum()
+        inputs = factors
+    value = structured_log_marginal_likelihood(
+        L_K, A_sparse, b, c, n, log_noise, precision, tol=tol
+    )
+    expected = log_marginal_likelihood(
+        L_K, A_sparse.to_dense(), b, c, n, log_noise, precision=precision
+    )
+    grads = torch.autograd.grad(value, inputs)
+    expected_grads = torch.autograd.grad(expected, inputs)
+    # The value under-estimates log|C| by at most the trace gap: error in [0, tol / 2].
+    assert 0 <= float(value - expected) <= tol / 2 + 1e-9 * abs(float(expected))
+    for got, want in zip(grads, expected_grads, strict=True):
+        scale = want.abs().max()
+        assert (got - want).abs().max() <= 1e-7 * scale + 2 * tol * scale

@@ -14,11 +14,12 @@ from botorch.acquisition import (
     qNegIntegratedPosteriorVariance,
     qUpperConfidenceBound,
 )
+from botorch.fit import fit_gpytorch_mll
 from botorch.models.transforms import Standardize
 from botorch.sampling import SobolQMCNormalSampler
 from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
 from linear_operator.operators import DenseLinearOperator, RootLinearOperator
-from oracles import DenseSKIModel
+from oracles import DenseSKIModel, rel_err
 
 import streamgp.linalg.statistics as statistics_module
 import streamgp.models.wiski as wiski_module
@@ -226,12 +227,40 @@ def test_structured_path_matches_dense_after_observe_and_conditioning(
 
 
 def test_structured_path_rejects_what_it_cannot_do(structured_threshold):
-    model, _ = make_model(3)
-    with pytest.raises(ValueError, match="dense grid"):
-        WoodburyMarginalLogLikelihood(model.likelihood, model)()
     X = torch.rand(5, 3, dtype=DTYPE)
     with pytest.raises(ValueError, match="Kronecker"):
         WiskiGP(X, target(X), grid_size=7, covar_module=MaternKernel(ard_num_dims=3))
+
+
+def test_structured_marginal_likelihood_matches_dense_and_fits(monkeypatch):
+    """Large grids: the MLL (Nystrom log-det + CG) equals the dense grid's; fitting works."""
+    torch.manual_seed(3)
+    dense, data = make_model(3, n=60)
+    monkeypatch.setattr(WiskiGP, "MAX_DENSE_GRID", 300)
+    torch.manual_seed(3)
+    model, _ = make_model(3, n=60)
+    assert model.structured and not dense.structured
+    values, grads = [], []
+    for m in (model, dense):
+        mll = WoodburyMarginalLogLikelihood(m.likelihood, m)
+        value = mll()
+        params = [p for p in m.parameters() if p.requires_grad]
+        values.append(value)
+        grads.append(torch.autograd.grad(value, params))
+    # Default love_tolerance 1e-8: the log-det gap is at most 1e-8 (over n = 60).
+    assert abs(float(values[0] - values[1])) < 1e-9
+    for got, want in zip(*grads, strict=True):
+        assert (got - want).abs().max() <= 1e-7 * want.abs().max()
+
+    mll = WoodburyMarginalLogLikelihood(model.likelihood, model)
+    before = float(mll())
+    fit_gpytorch_mll(mll, optimizer_kwargs={"options": {"maxiter": 5}})
+    assert float(mll()) > before
+    # The fitted hyperparameters predict as the dense grid does with them.
+    dense.load_state_dict(model.state_dict())
+    Xs = torch.rand(10, 3, dtype=DTYPE)
+    model.eval(), dense.eval()
+    assert rel_err(model.posterior(Xs).mean, dense.posterior(Xs).mean) < 1e-7
 
 
 # The same build, observe and prediction in a fresh interpreter: its peak memory is then

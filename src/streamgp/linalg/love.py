@@ -376,18 +376,27 @@ def block_lanczos_root(
     target = float((1.0 - tol) * trace) if tol > 0 else math.inf
     block = _start_vector(torch.Size((block_size, size)), trace).mT[:, : min(block_size, limit)]
     block = torch.linalg.qr(block).Q
-    bases: list[Tensor] = []
-    products: list[Tensor] = []
+    # Basis and products grow in buffers of doubling capacity (not one cat per block).
+    capacity = min(limit, 4 * block.shape[-1])
+    bases = block.new_empty(size, capacity)
+    products = block.new_empty(size, capacity)
     captured, rank = 0.0, 0
     while True:
         product = matmul(block)
-        bases.append(block)
-        products.append(product)
-        rank += block.shape[-1]
+        width = block.shape[-1]
+        if rank + width > capacity:
+            capacity = min(limit, max(2 * capacity, rank + width))
+            bases = torch.cat([bases[:, :rank], bases.new_empty(size, capacity - rank)], -1)
+            products = torch.cat(
+                [products[:, :rank], products.new_empty(size, capacity - rank)], -1
+            )
+        bases[:, rank : rank + width] = block
+        products[:, rank : rank + width] = product
+        rank += width
         captured += float((block * product).sum())
         if captured >= target or rank >= limit:
             break
-        basis = torch.cat(bases, -1)
+        basis = bases[:, :rank]
         width = min(block_size, limit - rank)
         new = product[:, :width]
         for _ in range(2):  # twice is enough (classical Gram-Schmidt, in blocks)
@@ -403,7 +412,7 @@ def block_lanczos_root(
             block = torch.linalg.qr(fresh).Q
         elif bool(lost.any()):
             block = block[:, ~lost]
-    basis, product = torch.cat(bases, -1), torch.cat(products, -1)
+    basis, product = bases[:, :rank], products[:, :rank]
     projected = basis.mT @ product
     theta, S = torch.linalg.eigh(0.5 * (projected + projected.mT))
     cutoff = theta.shape[-1] * eps * theta.amax().clamp_min(0.0)

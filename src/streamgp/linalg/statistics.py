@@ -3,7 +3,7 @@ r"""What an SKI model keeps of its observations: grid-space or data-space statis
 Both classes offer one interface, so a model holds either and never asks which:
 
 - ``add(weights, y, noise)``: a new object that also holds ``q`` more rows;
-- ``log_marginal_likelihood(kernel_root, noise_variance)``: exact SKI ``log p(y)``,
+- ``log_marginal_likelihood(kernel_root, noise_variance, tol)``: exact SKI ``log p(y)``,
   differentiable in the hyperparameters;
 - ``posterior(kernel_root, noise_variance)``: the exact posterior (a
   :class:`~streamgp.linalg.woodbury.GridPosterior` or a
@@ -41,7 +41,10 @@ from streamgp.interpolation.grid import InterpolationWeights
 from streamgp.linalg.data_space import DataPosterior
 from streamgp.linalg.grid_kernel import GridKernelRoot
 from streamgp.linalg.love import DEFAULT_TOLERANCE
-from streamgp.linalg.structured import structured_grid_posterior
+from streamgp.linalg.structured import (
+    structured_grid_posterior,
+    structured_log_marginal_likelihood,
+)
 from streamgp.linalg.woodbury import (
     GridPosterior,
     factorize,
@@ -156,16 +159,22 @@ class GridStatistics:
         return A * precision, b * precision, c * precision, n, sum_log_noise
 
     def log_marginal_likelihood(
-        self, kernel_root: GridKernelRoot, noise_variance: Tensor
+        self, kernel_root: GridKernelRoot, noise_variance: Tensor, tol: float = DEFAULT_TOLERANCE
     ) -> Tensor:
-        r"""Exact SKI ``log p(y)`` in ``O(m^3)``, whatever ``n`` is."""
-        if self.A.is_sparse:
-            raise ValueError(
-                f"The grid-space marginal likelihood needs a dense grid; this grid has "
-                f"{self.A.shape[-1]} points. Fit the hyperparameters on a coarser grid, or "
-                "while the model is still in data space, and copy them."
-            )
+        r"""Exact SKI ``log p(y)`` in ``O(m^3)``, whatever ``n`` is.
+
+        Sparse (large-grid) statistics use
+        :func:`~streamgp.linalg.structured.structured_log_marginal_likelihood`: no
+        ``m x m`` matrix, value within ``tol / 2`` (absolute; at least round-off of
+        ``tr(G)``) of the exact one.
+        """
         *sums, precision = self.sums_and_precision(noise_variance)
+        if self.A.is_sparse:
+            if sums[1].dim() != 1:
+                raise ValueError("The large-grid marginal likelihood has one output only.")
+            return structured_log_marginal_likelihood(
+                kernel_root, *sums, precision=precision, tol=tol
+            )
         return log_marginal_likelihood(kernel_root, *sums, precision=precision)
 
     def posterior(
@@ -309,7 +318,7 @@ class DataStatistics:
         return noise_variance.expand(self.count) if self.noise is None else self.noise
 
     def log_marginal_likelihood(
-        self, kernel_root: GridKernelRoot, noise_variance: Tensor
+        self, kernel_root: GridKernelRoot, noise_variance: Tensor, tol: float = DEFAULT_TOLERANCE
     ) -> Tensor:
         r"""Exact SKI ``log p(y)`` in data space: ``O(n^2 sum_j g_j + n^3)``."""
         features = kernel_root.features(self.weights)

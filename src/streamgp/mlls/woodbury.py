@@ -75,6 +75,8 @@ def ski_marginal_log_likelihood(
     if statistics is None:
         value, n = model.fit_objective()
     else:
-        value = statistics.log_marginal_likelihood(model.kernel_root(), model.noise_variance)
+        value = statistics.log_marginal_likelihood(
+            model.kernel_root(), model.noise_variance, tol=model.love_tolerance
+        )
         value, n = value.sum(), statistics.n  # summed over a multi-output model's outputs
     return per_datum_objective(mll, value, n)

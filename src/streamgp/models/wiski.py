@@ -593,7 +593,9 @@ class WiskiGP(
         (:meth:`~streamgp.models.base.StreamingModelMixin.compute_custom_loss`).
         """
         statistics = self.training_statistics()
-        value = statistics.log_marginal_likelihood(self.kernel_root(), self.noise_variance)
+        value = statistics.log_marginal_likelihood(
+            self.kernel_root(), self.noise_variance, tol=self.love_tolerance
+        )
         return value.sum(), statistics.n  # summed over the outputs (one per output)
 
     def kernel_root(self) -> GridKernelRoot:
