@@ -76,6 +76,7 @@ from streamgp.models.utils import (
     FrozenTransformsMixin,
     MutableState,
     TransactionalMixin,
+    apply_to_tensors,
     conditioning_noise,
     fit_frozen_transforms,
     invalidate_after_load,
@@ -178,7 +179,8 @@ class OnlineSGPR(
         objects=("inducing_selector",),
     )
     #: Rebuilt from the summary buffers on demand, conditioning replayed (and absorbed
-    #: by the next ``observe``). The whole state is in buffers, which torch moves.
+    #: by the next ``observe``). The summary is in buffers, which torch moves; the last
+    #: batch and its bound follow them (:meth:`_apply_to_state`).
     cached_attributes = ("_posterior",)
     _posterior: SparsePosterior | None
     _correction: LowRankCorrection | None
@@ -470,6 +472,13 @@ class OnlineSGPR(
         self._last_batch_hypers = parameter_snapshot(self._hyperparameters())
         self._refit_pending = False
         self._clear_caches()
+
+    def _apply_to_state(self, fn) -> None:
+        # Device/dtype moves: the last batch (what a refit re-absorbs), the hyperparameter
+        # snapshot it was absorbed at and its bound follow the buffers.
+        self._last_batch = apply_to_tensors(self._last_batch, fn)
+        self._last_batch_hypers = apply_to_tensors(self._last_batch_hypers, fn)
+        self.last_bound = apply_to_tensors(self.last_bound, fn)
 
     def _refresh_last_batch(self) -> None:
         r"""After a fit of :meth:`fit_objective`, re-absorb the last batch at the new values.

@@ -87,6 +87,7 @@ from streamgp.models.utils import (
     FrozenTransformsMixin,
     JointConditioningMixin,
     MutableState,
+    apply_to_tensors,
     check_latent_only,
     condition_joint,
     conditioning_batch_shape,
@@ -525,6 +526,19 @@ class OnlineSVGP(
         if not parameters_unchanged(current, self._cache_snapshot):
             self.model.variational_strategy._clear_cache()
             self._cache_snapshot = parameter_snapshot(current)
+
+    def _apply(self, fn, *args: Any, **kwargs: Any) -> OnlineSVGP:
+        # torch's hook behind ``.to``, ``.double()``, ``.cuda()``: the parameters, buffers
+        # and the optimizer's state move first (PersistentOptimizerMixin), then the
+        # streaming state kept outside them; gpytorch's eval-mode caches were built on
+        # the old device and dtype.
+        super()._apply(fn, *args, **kwargs)
+        self.frozen_posterior = apply_to_tensors(self.frozen_posterior, fn)
+        self.last_batch = apply_to_tensors(self.last_batch, fn)
+        self._conditioning = apply_to_tensors(self._conditioning, fn)
+        self.model.variational_strategy._clear_cache()
+        self._cache_snapshot = None
+        return self
 
     # ------------------------------------------------------------ BoTorch API
     def _check_posterior_inputs(self, X: Tensor, observation_noise: bool | Tensor) -> None:

@@ -375,7 +375,8 @@ class SoftKIGP(
         if temperature is None:
             temperature = self._default_temperature()
         self.register_parameter("raw_temperature", torch.nn.Parameter(torch.zeros((), **tkwargs)))
-        self.register_constraint("raw_temperature", Positive())
+        # On the data's device and dtype, as the parameter (a submodule: ``.to`` moves it).
+        self.register_constraint("raw_temperature", Positive().to(**tkwargs))
         self.temperature = temperature
         self.register_load_state_dict_post_hook(invalidate_after_load)
         self._clear_caches()

@@ -79,6 +79,7 @@ from streamgp.models.utils import (
     FrozenTransformsMixin,
     JointConditioningMixin,
     MutableState,
+    apply_to_tensors,
     check_latent_only,
     condition_joint,
     conditioning_batch_shape,
@@ -343,6 +344,16 @@ class DecoupledSVGP(
     @property
     def batch_shape(self) -> torch.Size:
         return conditioning_batch_shape(self._conditioning)
+
+    def _apply(self, fn, *args: Any, **kwargs: Any) -> DecoupledSVGP:
+        # torch's hook behind ``.to``, ``.double()``, ``.cuda()``: the parameters, buffers
+        # and the optimizer's state move first (PersistentOptimizerMixin), then the
+        # replay set and any conditioning, kept outside them.
+        super()._apply(fn, *args, **kwargs)
+        self._replay_X = fn(self._replay_X)
+        self._replay_y = fn(self._replay_y)
+        self._conditioning = apply_to_tensors(self._conditioning, fn)
+        return self
 
     def _permutation(self, n: int, device: torch.device) -> Tensor:
         return torch.randperm(n, generator=self._generator).to(device)

@@ -24,7 +24,8 @@ class PersistentOptimizerMixin(TransactionalMixin):
     A class using it calls :meth:`_init_optimizer` in its constructor and implements
     :meth:`_trainable_parameters`; :meth:`_get_optimizer` then returns the optimizer
     for the next step. Its updates run in :meth:`_guarded`, which restores the model's
-    declared :attr:`mutable_state` if they fail.
+    declared :attr:`mutable_state` if they fail. A device or dtype move of the model
+    (``.to``) moves the optimizer's state with the parameters.
     """
 
     optimizer_cls: type[torch.optim.Optimizer]
@@ -83,6 +84,18 @@ class PersistentOptimizerMixin(TransactionalMixin):
             optimizer = self._get_optimizer()
             if optimizer is not None:
                 optimizer.load_state_dict(state)
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], *args: Any, **kwargs: Any) -> Any:
+        # torch's hook behind ``.to``, ``.double()``, ``.cuda()``: the parameters are moved
+        # in place (the same tensors, so the optimizer is kept), then its state follows
+        # them by torch's own rule (``load_state_dict`` casts each state tensor to its
+        # parameter's device and floating dtype; Adam's ``step`` counter stays where
+        # torch keeps it).
+        super()._apply(fn, *args, **kwargs)
+        optimizer = self._optimizer
+        if optimizer is not None:
+            optimizer.load_state_dict(optimizer.state_dict())
+        return self
 
     def _after_rollback(self) -> None:
         # The optimizer's state saw the failed steps: the next step builds a new one.

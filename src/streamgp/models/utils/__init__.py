@@ -16,6 +16,7 @@ r"""What every streamgp model shares: posterior template, transforms, views, cac
 
 from streamgp.models.utils.cache import (
     CachedPosteriorMixin,
+    apply_to_tensors,
     invalidate_after_load,
     parameter_snapshot,
     parameters_unchanged,
@@ -52,6 +53,7 @@ __all__ = [
     "PosteriorMixin",
     "TransactionalMixin",
     "append_conditioning",
+    "apply_to_tensors",
     "assemble_posterior",
     "assemble_root_posterior",
     "check_latent_only",

@@ -8,12 +8,15 @@ equals the copy taken when it was built: :func:`parameter_snapshot` takes the co
 way of changing a hyperparameter: optimizer steps, ``load_state_dict``, assignment.
 :class:`CachedPosteriorMixin` is the rest of a model's cache plumbing: which
 attributes are caches, and dropping them when they may be stale (a device or dtype
-move, a new state, a load of buffers they depend on, :func:`invalidate_after_load`).
+move, a new state, a load of buffers they depend on, :func:`invalidate_after_load`);
+:func:`apply_to_tensors` moves the state a model keeps outside its parameters and
+buffers with it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import fields, is_dataclass, replace
 from typing import Any, ClassVar
 
 import torch
@@ -38,6 +41,37 @@ def parameters_unchanged(current: Sequence[Tensor], snapshot: Sequence[Tensor] |
         and len(current) == len(snapshot)
         and all(torch.equal(a, b) for a, b in zip(current, snapshot, strict=True))
     )
+
+
+def apply_to_tensors(state: Any, fn: Callable[[Tensor], Tensor]) -> Any:
+    r"""``state`` with ``fn`` (``Module._apply``'s) applied to every tensor in it.
+
+    For the state a model keeps outside its parameters and buffers (what
+    :meth:`CachedPosteriorMixin._apply_to_state` moves): a tensor, or (nested) tuples,
+    named tuples, lists, dicts and dataclasses of tensors; anything else (``None``,
+    numbers) is returned as it is. Dataclasses are rebuilt with
+    :func:`dataclasses.replace`, containers as new containers of the same type.
+
+    Example:
+        >>> state = {"batch": (torch.zeros(2), None), "count": 3}
+        >>> apply_to_tensors(state, torch.Tensor.double)["batch"][0].dtype
+        torch.float64
+    """
+    if isinstance(state, Tensor):
+        return fn(state)
+    if is_dataclass(state) and not isinstance(state, type):
+        changes = {
+            f.name: apply_to_tensors(getattr(state, f.name), fn) for f in fields(state) if f.init
+        }
+        return replace(state, **changes)
+    if isinstance(state, tuple):
+        items = [apply_to_tensors(item, fn) for item in state]
+        return type(state)(*items) if hasattr(state, "_fields") else type(state)(items)
+    if isinstance(state, list):
+        return [apply_to_tensors(item, fn) for item in state]
+    if isinstance(state, dict):
+        return {key: apply_to_tensors(value, fn) for key, value in state.items()}
+    return state
 
 
 def invalidate_after_load(module: CachedPosteriorMixin, incompatible_keys: Any) -> None:
@@ -178,5 +212,7 @@ class CachedPosteriorMixin:
         # ``fn`` is opaque, so whether it changed a tensor is unknown.
         super()._apply(fn, *args, **kwargs)
         self._apply_to_state(fn)
+        # Pending (observed or conditioned) rows are replayed by the next rebuild.
+        self._conditioning_log = apply_to_tensors(self._conditioning_log, fn)
         self._invalidate()
         return self
