@@ -226,6 +226,31 @@ def test_structured_path_matches_dense_after_observe_and_conditioning(
     assert (cond.covariance_matrix - covar_c).abs().max() < 1e-8
 
 
+def test_structured_observe_updates_the_low_rank_root_in_place(structured_threshold, monkeypatch):
+    """After a prediction, observe updates the LOVE root (no rebuild) and stays accurate."""
+    torch.manual_seed(4)
+    model, data = make_model(3)
+    model.love_tolerance = 1e-10
+    model.eval()
+    model.posterior(torch.rand(2, 3, dtype=DTYPE))  # builds the LOVE root once
+    rank = model.grid_posterior().root.shape[-1]
+    calls = []
+    original = wiski_module.update_root
+    monkeypatch.setattr(wiski_module, "update_root", lambda *a: calls.append(1) or original(*a))
+    monkeypatch.setattr(
+        statistics_module, "structured_grid_posterior", lambda *a, **k: 1 / 0
+    )  # no rebuild
+    Xs = torch.rand(15, 3, dtype=DTYPE)
+    X, y, noise = data
+    for _ in range(5):
+        X, y, noise = stream(model, (X, y, noise), 3, calls=1)
+        post = model.posterior(Xs)
+    assert len(calls) == 5 and model.grid_posterior().root.shape[-1] == rank
+    mean, covar = DenseSKIModel(model, X, y, noise).latent(Xs)
+    assert (post.mean.squeeze(-1) - mean).abs().max() < 1e-8
+    assert (post.covariance_matrix - covar).abs().max() < 1e-8
+
+
 def test_structured_path_rejects_what_it_cannot_do(structured_threshold):
     X = torch.rand(5, 3, dtype=DTYPE)
     with pytest.raises(ValueError, match="Kronecker"):
@@ -305,9 +330,16 @@ def test_22_cubed_grid_never_forms_a_dense_grid_matrix(monkeypatch):
     def unreachable(*args, **kwargs):
         raise AssertionError("dense m x m routine called on a large grid")
 
-    for name in ("factorize", "update_root"):
+    for name in ("factorize",):
         monkeypatch.setattr(wiski_module, name, unreachable, raising=False)
         monkeypatch.setattr(statistics_module, name, unreachable, raising=False)
+    low_rank_update = wiski_module.update_root
+
+    def update_low_rank_only(posterior, *args):
+        assert posterior.root.shape[-1] < posterior.root.shape[-2], "dense root updated"
+        return low_rank_update(posterior, *args)
+
+    monkeypatch.setattr(wiski_module, "update_root", update_low_rank_only)
     monkeypatch.setattr(GridKernelRoot, "to_dense", unreachable)
     X = torch.rand(300, 3, dtype=DTYPE)
     model = WiskiGP(X, target(X), grid_size=22, covar_module=ScaleKernel(RBFKernel(ard_num_dims=3)))

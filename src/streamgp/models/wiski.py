@@ -51,12 +51,19 @@ without the switches, grids of at most ``MAX_DENSE_GRID`` points use the exact
 dense root. Models conditioned on observations (fantasies) use the exact path even
 under the switches (their correction lives in the coordinates of the exact root).
 
-Large grids (``m > MAX_DENSE_GRID``, e.g. ``22^3``) never form an ``m x m`` matrix:
-``A = W^T Lambda^{-1} W`` is stored sparse, ``K_UU`` as Kronecker factors (separable
-kernels only), and the grid posterior itself is the LOVE root of
-:func:`streamgp.linalg.structured.structured_grid_posterior`, rebuilt lazily from
-the statistics after ``observe`` (cost independent of ``n``). The marginal
-likelihood is not available for them (fit hyperparameters on a coarser grid).
+Large grids (``m > MAX_DENSE_GRID``, e.g. ``22^3`` or ``32^3``) never form an ``m x m``
+matrix: ``A = W^T Lambda^{-1} W`` is stored sparse, ``K_UU`` as Kronecker factors
+(separable kernels only), and the grid posterior itself is the rank-``k`` LOVE root of
+:func:`streamgp.linalg.structured.structured_grid_posterior` (block Lanczos, cost
+independent of ``n``), built lazily from the statistics when the hyperparameters
+change. ``observe`` updates that root in place by the rank-``q`` square-root update
+(``O(m k q)``): the exact conditioning of the LOVE Gaussian, whose variances keep
+LOVE's direction of error; the statistics themselves stay exact, and the next rebuild
+starts from them. ``condition_on_observations`` and fantasies add a rank-``q``
+correction to the root. The marginal likelihood
+(:func:`streamgp.linalg.structured.structured_log_marginal_likelihood`) uses a
+Nystrom log-determinant within a certified gap of at most ``love_tolerance`` and
+conjugate gradients, so ``fit_gpytorch_mll`` works on large grids too.
 
 References:
 
@@ -950,10 +957,10 @@ class WiskiGP(
             if statistics.count > self.data_space_limit or self._posterior_on_grid(statistics):
                 return None  # the next prediction factorises on the grid
             return posterior.update(weights, y, update_noise)
-        if (
-            self.structured
-            or y.shape[-1] > self.ROOT_UPDATE_MAX_FRACTION * posterior.root.shape[-1]
-        ):
+        # A large grid's posterior is a rank-k LOVE root: it is updated the same way
+        # (O(m k q), no m x m matrix); the statistics stay exact, and the root is rebuilt
+        # from them at the next hyperparameter change (see the module docs).
+        if y.shape[-1] > self.ROOT_UPDATE_MAX_FRACTION * posterior.root.shape[-1]:
             return None
         return update_root(posterior, weights, y, update_noise)
 
