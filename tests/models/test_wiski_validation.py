@@ -178,3 +178,19 @@ def test_input_transforms_that_learn_the_grid_box_are_refused(model_cls):
     bounds = torch.tensor([[2.0, 2.0], [5.0, 5.0]], dtype=DTYPE)
     model = cls(X, Y, input_transform=Normalize(2, bounds=bounds), grid_size=8)
     model.posterior(torch.tensor([[2.0, 5.0]], dtype=DTYPE))
+
+
+def test_default_grid_follows_dimension_domain_and_device():
+    from streamgp.models.wiski import default_grid_size
+
+    assert default_grid_size(1) == [256] and default_grid_size(3) == [10, 10, 10]
+    assert default_grid_size(3, device="cuda") == [16, 16, 16]
+    assert default_grid_size(2, device=torch.device("cuda")) == [64, 64]
+    wide = torch.tensor([[0.0, -1.0], [1.0, 3.0]], dtype=torch.float64)
+    assert default_grid_size(2, wide) == [16, 64]  # one spacing for both axes
+    X = torch.rand(20, 2, dtype=torch.float64) * torch.tensor([1.0, 4.0], dtype=torch.float64)
+    bounds = wide + torch.tensor([0.0, 1.0], dtype=torch.float64)  # [0, 1] x [0, 4]
+    model = WiskiGP(X, X.sum(-1, keepdim=True), grid_bounds=bounds)
+    assert model.interpolation.grid_size == [16, 64]
+    chosen = WiskiGP(X, X.sum(-1, keepdim=True), grid_size=7, grid_bounds=bounds)
+    assert chosen.interpolation.grid_size == [7, 7]  # grid_size stays the override

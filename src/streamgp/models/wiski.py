@@ -140,14 +140,39 @@ from streamgp.utils.validation import (
     check_tensor,
 )
 
-#: Total grid points aimed at by the default ``grid_size`` (per-dimension size is
-#: ``round(DEFAULT_GRID_POINTS ** (1/d))``, between 4 and 256).
+#: Total grid points aimed at by the default ``grid_size`` on a CPU: the dense exact
+#: path, whose ``O(m^3)`` refactorisation takes tens of milliseconds at this size.
 DEFAULT_GRID_POINTS = 1024
+#: The same on CUDA, where the dense ``m x m`` algebra is cheap up to ``MAX_DENSE_GRID``
+#: (``16^3``, ``64^2``): finer grids represent rougher functions at no cost in ``n``.
+DEFAULT_CUDA_GRID_POINTS = 4096
 
 
-def default_grid_size(dim: int) -> int:
-    r"""Default points per dimension: about ``DEFAULT_GRID_POINTS`` in total."""
-    return int(min(256, max(4, math.floor(DEFAULT_GRID_POINTS ** (1.0 / dim) + 1e-9))))
+def default_grid_size(
+    dim: int, bounds: Tensor | None = None, device: torch.device | str | None = None
+) -> list[int]:
+    r"""Default points per dimension: about the device's budget in total, spaced evenly.
+
+    The budget is ``DEFAULT_GRID_POINTS`` (CPU) or ``DEFAULT_CUDA_GRID_POINTS`` (CUDA).
+    One spacing ``h`` serves every axis of the domain ``bounds`` (default: the unit
+    cube), so a domain twice as wide along one axis gets twice the points there:
+    ``g_i = extent_i / h`` with ``prod_i g_i`` about the budget, each between 4 and 256.
+    Pass ``grid_size`` to a model to choose the grid yourself.
+
+    Example:
+        >>> default_grid_size(3)
+        [10, 10, 10]
+        >>> default_grid_size(2, torch.tensor([[0.0, 0.0], [1.0, 4.0]]))
+        [16, 64]
+    """
+    on_cuda = device is not None and torch.device(device).type == "cuda"
+    budget = DEFAULT_CUDA_GRID_POINTS if on_cuda else DEFAULT_GRID_POINTS
+    if bounds is None:
+        extents = [1.0] * dim
+    else:
+        extents = [max(float(e), 1e-12) for e in (bounds[1] - bounds[0]).tolist()]
+    spacing = (math.prod(extents) / budget) ** (1.0 / dim)
+    return [int(min(256, max(4, math.floor(e / spacing + 1e-9)))) for e in extents]
 
 
 def build_grid(
@@ -173,7 +198,8 @@ def build_grid(
     else:
         check_tensor(grid_bounds, "grid_bounds", like=train_X, min_dim=2, last_dim=dim)
     interpolation = CubicGridInterpolation(
-        grid_bounds, default_grid_size(dim) if grid_size is None else grid_size
+        grid_bounds,
+        default_grid_size(dim, grid_bounds, train_X.device) if grid_size is None else grid_size,
     )
     interpolation.check_inside(transformed_X, "train_X")
     m = interpolation.num_grid
@@ -217,8 +243,10 @@ class WiskiGP(
             otherwise the noise level is learned. With ``k > 1`` each row must have one
             noise variance for all outputs (after the outcome transform).
         grid_size: Grid points per dimension (int or one per dimension), including
-            the one-spacing padding beyond ``grid_bounds``. Default: about 1024
-            points in total (32 per dimension in 2-D, 10 in 3-D).
+            the one-spacing padding beyond ``grid_bounds``. Default
+            (:func:`default_grid_size`): about 1024 points in total on a CPU (32 per
+            dimension in 2-D, 10 in 3-D) and 4096 on CUDA (64, 16), with one spacing
+            for every axis of ``grid_bounds``.
         grid_bounds: ``2 x d`` box covered by the grid, in the (transformed) input
             space. Default: the unit cube, so inputs should be normalised, e.g. with
             ``Normalize(d, bounds=bounds)``. The grid is fixed: observations outside it
@@ -257,7 +285,7 @@ class WiskiGP(
         >>> Y = torch.sin(6 * X).sum(-1, keepdim=True)
         >>> model = WiskiGP(X, Y, grid_size=30, outcome_transform=Standardize(1))
         >>> X_new = torch.rand(3, 2, dtype=torch.float64)
-        >>> model.observe(X_new, torch.sin(6 * X_new).sum(-1, keepdim=True))
+        >>> model = model.observe(X_new, torch.sin(6 * X_new).sum(-1, keepdim=True))
         >>> posterior = model.posterior(torch.rand(5, 2, dtype=torch.float64))
     """
 
