@@ -194,3 +194,19 @@ def test_small_grid_space_batches_are_held_back_and_folded_exactly():
     fresh.load_state_dict(model.state_dict(), keep_transforms=False)
     assert fresh.num_train == 80 == model.statistics.count
     torch.testing.assert_close(fresh.posterior(Xs).mean, model.posterior(Xs).mean)
+
+
+def test_sparse_statistic_update_inside_and_outside_its_pattern():
+    """Adding rows to a sparse A: in-place values when the pattern holds them, else a merge."""
+    from streamgp.linalg.statistics import _add_sparse
+
+    interp = CubicGridInterpolation(torch.stack([torch.zeros(2), torch.ones(2)]).double(), 12)
+    X = 0.5 * torch.rand(200, 2, dtype=torch.float64)  # (0.99, 0.99) is outside A's pattern
+    A = interp.weights(X).weighted_gram(torch.ones(200, dtype=torch.float64), sparse=True)
+    for new in (X[:3] + 1e-3, torch.tensor([[0.99, 0.99]], dtype=torch.float64)):
+        B = interp.weights(new).weighted_gram(
+            torch.ones(len(new), dtype=torch.float64), sparse=True
+        )
+        total = _add_sparse(A, B)
+        assert total.is_coalesced()
+        assert torch.allclose(total.to_dense(), A.to_dense() + B.to_dense(), atol=1e-14)
