@@ -281,7 +281,16 @@ def test_structured_marginal_likelihood_matches_dense_and_fits(monkeypatch):
     before = float(mll())
     fit_gpytorch_mll(mll, optimizer_kwargs={"options": {"maxiter": 5}})
     assert float(mll()) > before
-    # The fitted hyperparameters predict as the dense grid does with them.
+    # The same fit on the dense grid lands on the same hyperparameters...
+    fit_gpytorch_mll(
+        WoodburyMarginalLogLikelihood(dense.likelihood, dense),
+        optimizer_kwargs={"options": {"maxiter": 5}},
+    )
+    for (name, fitted), (_, reference) in zip(
+        model.named_parameters(), dense.named_parameters(), strict=True
+    ):
+        assert rel_err(fitted, reference) < 1e-5, name
+    # ...and they predict as the dense grid does with them.
     dense.load_state_dict(model.state_dict())
     Xs = torch.rand(10, 3, dtype=DTYPE)
     model.eval(), dense.eval()
@@ -370,6 +379,21 @@ def test_22_cubed_grid_never_forms_a_dense_grid_matrix(monkeypatch):
     prior_var = Z.square().sum(0)
     err = (love_var[:5] - exact_var).abs()
     assert (err <= 2e-4 * prior_var + 1e-8).all(), err
+
+    # BoTorch's acquisition functions on the large grid: values and gradients (qNIPV and
+    # qLogEI through conditioning / fantasies on the low-rank root).
+    sampler = SobolQMCNormalSampler(torch.Size([16]), seed=0)
+    best = float(target(Xn).max())
+    candidates = torch.rand(4, 3, 3, dtype=DTYPE, requires_grad=True)
+    for acqf in (
+        qUpperConfidenceBound(model, beta=2.0, sampler=sampler),
+        qLogExpectedImprovement(model, best_f=best, sampler=sampler),
+        qNegIntegratedPosteriorVariance(model, mc_points=torch.rand(64, 3, dtype=DTYPE)),
+    ):
+        value = acqf(candidates)
+        (grad,) = torch.autograd.grad(value.sum(), candidates)
+        assert value.shape == (4,) and torch.isfinite(value).all() and torch.isfinite(grad).all()
+        assert grad.abs().sum() > 0
 
 
 def _dense_rows(W, m):
