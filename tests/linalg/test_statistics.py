@@ -208,5 +208,6 @@ def test_sparse_statistic_update_inside_and_outside_its_pattern():
             torch.ones(len(new), dtype=torch.float64), sparse=True
         )
         total = _add_sparse(A, B)
-        assert total.is_coalesced()
+        keys = total.indices()[0] * interp.num_grid + total.indices()[1]
+        assert total.is_coalesced() and (keys[1:] > keys[:-1]).all()  # sorted, unique
         assert torch.allclose(total.to_dense(), A.to_dense() + B.to_dense(), atol=1e-14)
