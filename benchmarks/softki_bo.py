@@ -3,18 +3,21 @@ r"""BO in higher dimension: online SoftKI vs the exact GP on Hartmann-6 and nois
 A thin driver of :func:`streamgp.loops.experiments.run_bo_experiment` (the loop behind
 ``streamgp bo``): qLogEI with ``q = 3``, 5 random initial points, the surrogates
 ``softki`` (:class:`~streamgp.models.OnlineSoftKIGP`, ``--num-inducing`` Sobol
-points, constant-time updates) and ``exact`` (BoTorch's ``SingleTaskGP``, refitted
-on all data), hyperparameters refitted every ``--fit-every`` steps (warm-started),
-``--trials`` seeds (trial ``t`` uses seed ``t`` for every model). Noise sd: the
-runner's defaults, 0.1 for Hartmann-6 (range about 3.3) and 4.0 for Ackley-10 (the
-WISKI paper's value; range about 22).
+points, constant-time updates, softmax temperature ``--temperature-scale`` times the
+points' median nearest-neighbour distance, by default SoftKI's 0.5) and ``exact``
+(BoTorch's ``SingleTaskGP``, refitted on all data), hyperparameters refitted every
+``--fit-every`` steps (warm-started), ``--trials`` seeds (trial ``t`` uses seed ``t``
+for every model). Noise sd: the runner's defaults, 0.1 for Hartmann-6 (range about
+3.3) and 4.0 for Ackley-10 (the WISKI paper's value; range about 22).
 
 Each function and model runs on its own, with checkpoints (``--resume``) under
-``<out>/runs/<function><dim>_<model>/``. Every invocation rewrites, from the runs that
-exist, ``<out>/softki_bo.csv`` (all curves), ``softki_bo.json`` (per function and
-model: steps actually run, best true value and regret at the last step, mean time per
-step over the first and last ``--window`` steps; settings; machine), ``softki_bo.md``
-(the table) and ``softki_bo.png`` (best value and time per step against the step).
+``<out>/runs/<function><dim>_<model>/``; each run directory's ``settings.json`` holds
+the model's options, and ``--resume`` refuses a run started with other ones. Every
+invocation rewrites, from the runs that exist, ``<out>/softki_bo.csv`` (all curves),
+``softki_bo.json`` (per function and model: steps actually run, best true value and
+regret at the last step, mean time per step over the first and last ``--window``
+steps; settings and each run's options; machine), ``softki_bo.md`` (the table) and
+``softki_bo.png`` (best value and time per step against the step).
 
 Usage:
     ``python benchmarks/softki_bo.py`` (200 steps, 3 seeds, both functions and models)
@@ -34,6 +37,7 @@ import torch
 
 from streamgp.loops.bo import TEST_FUNCTIONS
 from streamgp.loops.experiments import run_bo_experiment, summarize
+from streamgp.models.softki import DEFAULT_RELATIVE_TEMPERATURE
 from streamgp.utils.machine import machine_info
 
 matplotlib.use("Agg")
@@ -54,6 +58,15 @@ def parse_functions(text: str) -> list[tuple[str, int]]:
     return out
 
 
+def check_settings(run: Path, options: dict, resume: bool) -> None:
+    """Write ``run``'s model options; with ``resume``, refuse a run started with others."""
+    path = run / "settings.json"
+    if resume and path.exists() and json.loads(path.read_text()) != options:
+        raise SystemExit(f"{run} was started with {path.read_text().strip()}, not {options}")
+    run.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(options) + "\n")
+
+
 def table(results: pd.DataFrame, window: int) -> pd.DataFrame:
     by = ["function", "dim", "model"]
     best = summarize(results, by, "best_value", last=window)
@@ -70,8 +83,12 @@ def table(results: pd.DataFrame, window: int) -> pd.DataFrame:
     )
 
 
-def markdown(summary: pd.DataFrame, info: dict, args) -> str:
+def markdown(summary: pd.DataFrame, info: dict, args, run_options: dict) -> str:
     w = args.window
+    scales = sorted(
+        {opts["relative_temperature"] for opts in run_options.values() if opts}
+        or {args.temperature_scale}
+    )
     lines = [
         f"| function | model | seeds | steps | n | best value (mean ± std) | regret "
         f"| s/step first {w} | s/step last {w} | s/step mean |",
@@ -89,7 +106,9 @@ def markdown(summary: pd.DataFrame, info: dict, args) -> str:
         "",
         f"Machine: {info['platform']}, {info['cpu_count']} CPUs, torch {info['torch']} "
         f"({info['torch_threads']} thread), float64. qLogEI, q = 3, {args.num_init} initial "
-        f"points, refit every {args.fit_every} steps, softki m = {args.num_inducing}. "
+        f"points, refit every {args.fit_every} steps, softki m = {args.num_inducing}, "
+        f"temperature {' / '.join(f'{s:g}' for s in scales)} x the points' median "
+        "nearest-neighbour distance. "
         "Timings on a shared machine are noisy.",
     ]
     return "\n".join(lines) + "\n"
@@ -125,6 +144,12 @@ def main() -> None:
     parser.add_argument("--num-init", type=int, default=5)
     parser.add_argument("--fit-every", type=int, default=10)
     parser.add_argument("--num-inducing", type=int, default=256, help="softki's m")
+    parser.add_argument(
+        "--temperature-scale",
+        type=float,
+        default=DEFAULT_RELATIVE_TEMPERATURE,
+        help="softki's softmax temperature / the points' median nearest-neighbour distance",
+    )
     parser.add_argument("--window", type=int, default=20, help="steps averaged at each end")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--quick", action="store_true", help="5 steps, 1 seed (smoke test)")
@@ -142,8 +167,16 @@ def main() -> None:
     functions = parse_functions(args.functions)
     models = [m for m in args.models.split(",") if m]
     runs = args.out / "runs"
+    model_options = {
+        "softki": {
+            "num_inducing": args.num_inducing,
+            "relative_temperature": args.temperature_scale,
+        }
+    }
     for function, dim in [] if args.aggregate_only else functions:
         for model in models:
+            run = runs / f"{function}{dim}_{model}"
+            check_settings(run, model_options.get(model, {}), args.resume)
             run_bo_experiment(
                 function,
                 models=[model],
@@ -154,9 +187,9 @@ def main() -> None:
                 q=3,
                 num_init=args.num_init,
                 fit_every=args.fit_every,
-                model_options={"softki": {"num_inducing": args.num_inducing}},
+                model_options=model_options,
                 device=args.device,
-                out=runs / f"{function}{dim}_{model}",
+                out=run,
                 resume=args.resume,
                 plots=False,
             )
@@ -168,6 +201,11 @@ def main() -> None:
     results = pd.concat(frames, ignore_index=True)
     summary = table(results, args.window)
     info = machine_info(args.device, dtype="float64")
+    run_options = {
+        path.parent.name: json.loads(path.read_text())
+        for path in sorted(runs.glob("*/settings.json"))
+        if any(path.parent.glob(f"bo_*_{ACQUISITION}.csv"))
+    }
     payload = {
         "protocol": "streamgp.loops.experiments.run_bo_experiment, qLogEI q=3",
         "settings": {
@@ -176,16 +214,18 @@ def main() -> None:
             "num_init": args.num_init,
             "fit_every": args.fit_every,
             "softki_num_inducing": args.num_inducing,
+            "softki_temperature_scale": args.temperature_scale,
             "window": args.window,
             "noise_std": {name: TEST_FUNCTIONS[name][1] for name, _ in functions},
         },
+        "run_options": run_options,
         "machine": info,
         "results": summary.to_dict(orient="records"),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     results.to_csv(args.out / "softki_bo.csv", index=False)
     (args.out / "softki_bo.json").write_text(json.dumps(payload, indent=2) + "\n")
-    (args.out / "softki_bo.md").write_text(markdown(summary, info, args))
+    (args.out / "softki_bo.md").write_text(markdown(summary, info, args, run_options))
     plot(results, args.out / "softki_bo.png")
     print(summary.to_string(index=False, float_format="%.4g"))
 

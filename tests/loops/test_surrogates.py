@@ -43,3 +43,19 @@ def test_grid_surrogates_learn_an_outputscale_and_the_true_noise(name):
         name, lambda d: get_covar_module_with_dim_scaled_prior(ard_num_dims=d)
     )
     assert unscaled_sd > 3 * NOISE_SD
+
+
+def test_softki_surrogate_temperature_is_relative_to_the_points_spacing():
+    gen = torch.Generator().manual_seed(0)
+    X0, Y0 = _data(5, gen)
+    default = make_surrogate("softki", X0, Y0, num_inducing=32).model
+    points = default.interpolation.points
+    distance = torch.cdist(points, points).fill_diagonal_(float("inf"))
+    nearest = distance.min(-1).values.median()
+    # None keeps SoftKI's default, half the median nearest-neighbour distance.
+    assert torch.allclose(default.temperature, 0.5 * nearest)
+    model = make_surrogate("softki", X0, Y0, num_inducing=32, relative_temperature=0.125).model
+    assert torch.equal(model.interpolation.points, points)
+    assert torch.allclose(model.temperature, 0.125 * nearest)
+    with pytest.raises(ValueError, match="relative_temperature"):
+        make_surrogate("softki", X0, Y0, relative_temperature=0.0)

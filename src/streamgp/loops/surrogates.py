@@ -23,6 +23,7 @@ by name (``"wiski"``, ``"kissgp"``, ``"osvgp"``, ``"exact"``).
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
@@ -40,7 +41,7 @@ from torch.quasirandom import SobolEngine
 
 from streamgp.mlls import WoodburyMarginalLogLikelihood
 from streamgp.models import KissGP, OnlineSoftKIGP, OnlineSVGP, WiskiGP
-from streamgp.utils.validation import check_count
+from streamgp.utils.validation import check_count, check_positive_number
 
 #: Builds the covariance module for a given input dimension (``None``: the model's default).
 KernelFactory = Callable[[int], Kernel]
@@ -409,14 +410,19 @@ class SoftKISurrogate(WiskiSurrogate):
     A BO loop starts from a handful of points, too few to learn SoftKI's interpolation
     points from (SoftKI's Algorithm 1 would place ``m <= n_0`` points on them), so the
     ``num_inducing`` points are a scrambled Sobol design of the unit cube (where the
-    loops' inputs live) and the softmax temperature is SoftKI's default for them; both
-    stay fixed. The kernel (BoTorch's dim-scaled RBF in a ``ScaleKernel``, as for the
-    grid models) and the noise are refitted on the exact SoftKI likelihood from the
+    loops' inputs live) and the softmax temperature is SoftKI's default for them (or
+    ``relative_temperature`` times their median nearest-neighbour distance); both stay
+    fixed. The kernel (BoTorch's dim-scaled RBF in a ``ScaleKernel``, as for the grid
+    models) and the noise are refitted on the exact SoftKI likelihood from the
     statistics, ``O(m^3)`` whatever ``n`` is.
 
     Args:
         num_inducing: Interpolation points ``m`` (default 256).
         seed: Seed of the Sobol design.
+        relative_temperature: Softmax temperature as a multiple of the median distance
+            from a Sobol point to its nearest neighbour. A smaller one concentrates each
+            input's weights on fewer points (a less smooth, more local surrogate).
+            ``None`` (default): SoftKI's ``DEFAULT_RELATIVE_TEMPERATURE`` (0.5).
         **kwargs: As :class:`Surrogate`.
 
     Example:
@@ -439,14 +445,22 @@ class SoftKISurrogate(WiskiSurrogate):
         kernel_factory: KernelFactory | None = None,
         num_inducing: int = 256,
         seed: int = 0,
+        relative_temperature: float | None = None,
     ) -> None:
         self.num_inducing = check_count(num_inducing, "num_inducing", minimum=1)
         self.seed = seed
+        check_positive_number(relative_temperature, "relative_temperature", allow_none=True)
+        self.relative_temperature = relative_temperature
         super().__init__(train_X, train_Y, train_Yvar, kernel_factory=kernel_factory)
 
     def _model_options(self, train_X: Tensor) -> dict[str, Any]:
         points = _sobol_points(self.num_inducing, train_X.shape[-1], self.seed, train_X)
-        return {"inducing_points": points, "pretrain_epochs": 0}
+        options = {"inducing_points": points, "pretrain_epochs": 0}
+        if self.relative_temperature is not None and len(points) > 1:
+            distance = torch.cdist(points, points).fill_diagonal_(math.inf)
+            nearest = distance.min(-1).values.median().item()
+            options["temperature"] = self.relative_temperature * nearest
+        return options
 
 
 SURROGATES: dict[str, type[Surrogate]] = {
