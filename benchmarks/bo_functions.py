@@ -17,6 +17,10 @@ time per step over the first and last ``--window`` steps; settings; machine) and
 figure per function, ``results/bo_functions_runs/bo_<function>.png`` (best value vs step
 and vs cumulative time, time per step vs step).
 
+``--wiski-grid-size g`` runs WISKI on a g^3 grid instead of its default 10^3 (runs under
+``<function>_wiski_g<g>/``, labelled ``wiski_g<g>``), so grids can be compared side by side:
+e.g. ``--models wiski --wiski-grid-size 16`` next to the default runs (issue 19's table).
+
 Usage: ``python benchmarks/bo_functions.py [--steps 100] [--functions levy,ackley]``
 """
 
@@ -35,6 +39,15 @@ from streamgp.plotting import plot_bo
 from streamgp.utils.machine import machine_info
 
 
+def _read_run(path: Path) -> pd.DataFrame:
+    """One run's curves; WISKI runs on a non-default grid are labelled ``wiski_g<g>``."""
+    frame = pd.read_csv(path)
+    grid = path.parent.name.rpartition("_g")[2]
+    if path.parent.name.endswith(f"_wiski_g{grid}") and grid.isdigit():
+        frame["model"] = f"wiski_g{grid}"
+    return frame
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--functions", default=",".join(TEST_FUNCTIONS))
@@ -45,6 +58,9 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=20, help="steps averaged at each end")
     parser.add_argument(
         "--num-inducing", type=int, default=256, help="O-SVGP's M (the paper: 1000, on GPUs)"
+    )
+    parser.add_argument(
+        "--wiski-grid-size", type=int, default=None, help="WISKI points per dimension"
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     parser.add_argument("--resume", action="store_true", help="continue from checkpoints")
@@ -58,8 +74,13 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown functions {unknown}; choose from {', '.join(TEST_FUNCTIONS)}")
     runs = args.out / "bo_functions_runs"
+    grid = args.wiski_grid_size
+    options = {"osvgp": {"num_inducing": args.num_inducing}}
+    if grid is not None:
+        options["wiski"] = {"grid_size": grid}
     for function in functions:
         for model in args.models.split(","):
+            suffix = f"_g{grid}" if model == "wiski" and grid is not None else ""
             run_bo_experiment(
                 function,
                 models=[model],
@@ -68,14 +89,14 @@ def main() -> None:
                 trials=args.trials,
                 q=3,
                 fit_every=args.fit_every,
-                model_options={"osvgp": {"num_inducing": args.num_inducing}},
+                model_options=options,
                 device=args.device,
-                out=runs / f"{function}_{model}",
+                out=runs / f"{function}_{model}{suffix}",
                 resume=args.resume,
                 plots=False,
             )
     results = pd.concat(
-        [pd.read_csv(path) for path in sorted(runs.glob("*/bo_*_qucb.csv"))], ignore_index=True
+        [_read_run(path) for path in sorted(runs.glob("*/bo_*_qucb.csv"))], ignore_index=True
     )
     for function, frame in results.groupby("function", sort=False):
         plot_bo(frame, runs / f"bo_{function}.png", title=f"{function} (qUCB, q=3)")
