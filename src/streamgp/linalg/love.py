@@ -181,6 +181,18 @@ def lanczos(
     return _lanczos_iterations(matvec, init, num_steps)
 
 
+def pseudo_inverse_sqrt(theta: Tensor) -> tuple[Tensor, Tensor]:
+    r"""``(keep, theta^{+1/2})`` for eigenvalues ``theta`` (``batch x k``) of a PSD matrix.
+
+    Eigenvalues at round-off level (``<= k eps max theta``) count as zero: ``keep`` is
+    False there and the inverse square root is 0 instead of overflowing.
+    """
+    cutoff = theta.shape[-1] * torch.finfo(theta.dtype).eps
+    keep = theta > cutoff * theta.amax(-1, keepdim=True).clamp_min(0.0)
+    safe = torch.where(keep, theta, torch.ones_like(theta))
+    return keep, torch.where(keep, safe.rsqrt(), torch.zeros_like(theta))
+
+
 def nystrom_root(decomposition: LanczosDecomposition) -> Tensor:
     r"""The Nystrom root ``R = (M Q) T^{+1/2}`` (``batch x m x k``) of a Lanczos run.
 
@@ -190,12 +202,8 @@ def nystrom_root(decomposition: LanczosDecomposition) -> Tensor:
     Q, q_next = decomposition.basis, decomposition.next_vector
     beta_k = decomposition.off_diagonal[..., -1:]
     theta, S = torch.linalg.eigh(decomposition.tridiagonal())
-    k = theta.shape[-1]
-    cutoff = k * torch.finfo(theta.dtype).eps * theta.amax(-1, keepdim=True).clamp_min(0.0)
-    keep = theta > cutoff
-    safe = torch.where(keep, theta, torch.ones_like(theta))
-    sqrt_theta = torch.where(keep, safe.sqrt(), torch.zeros_like(theta))
-    inv_sqrt_theta = torch.where(keep, safe.rsqrt(), torch.zeros_like(theta))
+    keep, inv_sqrt_theta = pseudo_inverse_sqrt(theta)
+    sqrt_theta = torch.where(keep, theta, torch.zeros_like(theta)) * inv_sqrt_theta
     # M Q S = Q S diag(theta) + beta_k q_{k+1} (e_k^T S); scale columns by theta^{-1/2}.
     root = (Q @ S) * sqrt_theta.unsqueeze(-2)
     tail = (beta_k * S[..., -1, :]) * inv_sqrt_theta  # batch x k
@@ -415,9 +423,6 @@ def block_lanczos_root(
     basis, product = bases[:, :rank], products[:, :rank]
     projected = basis.mT @ product
     theta, S = torch.linalg.eigh(0.5 * (projected + projected.mT))
-    cutoff = theta.shape[-1] * eps * theta.amax().clamp_min(0.0)
-    keep = theta > cutoff
-    safe = torch.where(keep, theta, torch.ones_like(theta))
-    root = (product @ S) * torch.where(keep, safe.rsqrt(), torch.zeros_like(theta))
+    root = (product @ S) * pseudo_inverse_sqrt(theta)[1]
     residual = (trace - root.square().sum()).clamp_min(0.0)
     return LanczosRoot(root=root, trace=trace, residual_trace=residual)

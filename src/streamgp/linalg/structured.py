@@ -33,7 +33,6 @@ eigenvalues of ``C``, so a few iterations suffice. Everything costs
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,9 +41,10 @@ import torch
 from torch import Tensor
 
 from streamgp.linalg.grid_kernel import GridKernelRoot
-from streamgp.linalg.love import DEFAULT_TOLERANCE, block_lanczos_root
+from streamgp.linalg.love import DEFAULT_TOLERANCE, block_lanczos_root, pseudo_inverse_sqrt
 from streamgp.linalg.woodbury import (
     GridPosterior,
+    assemble_log_likelihood,
     kronecker_logdet_minus_quad_backward,
     outer_partial_trace,
 )
@@ -160,9 +160,8 @@ class WhitenedStatistic:
         rel = min(max(asked, 1e3 * torch.finfo(dtype).eps), 0.5)
         Y = block_lanczos_root(self.matmul, self.trace, self.size, tol=rel, max_rank=max_rank)
         mu, E = torch.linalg.eigh(Y.root.mT @ Y.root)
-        keep = mu > Y.rank * torch.finfo(dtype).eps * mu.amax().clamp_min(0.0)
-        mu_safe = torch.where(keep, mu, torch.ones_like(mu))
-        basis = (Y.root @ E) * torch.where(keep, mu_safe.rsqrt(), torch.zeros_like(mu))
+        keep, inv_sqrt = pseudo_inverse_sqrt(mu)
+        basis = (Y.root @ E) * inv_sqrt  # orthonormal columns (zero where mu is round-off)
         eigenvalues = torch.where(keep, mu, torch.zeros_like(mu))
         return NystromInverse(basis, eigenvalues, Y.residual_trace)
 
@@ -320,5 +319,4 @@ def structured_log_marginal_likelihood(
         raise ValueError(f"b must be a vector of length m (one output); got {tuple(b.shape)}.")
     p = torch.ones((), dtype=b.dtype, device=b.device) if precision is None else precision
     logdet_minus_quad = _NystromLogdetMinusQuad.apply(A, b, p, tol, max_rank, *L_K.factors)
-    c = c if precision is None else precision * c
-    return -0.5 * (c + logdet_minus_quad + sum_log_noise + n * math.log(2.0 * math.pi))
+    return assemble_log_likelihood(logdet_minus_quad, c, n, sum_log_noise, precision)

@@ -213,9 +213,7 @@ class _KroneckerLogdetMinusQuad(torch.autograd.Function):
         L_K = GridKernelRoot(factors)
         rows = b.reshape(-1, b.shape[-1])  # k x m
         z = precision * L_K.t_matmul(rows.mT).mT
-        C = L_K.congruence(A, scale=precision)
-        C.diagonal().add_(1.0)
-        L_C = cholesky(C)
+        L_C = cholesky(_matrix_C(L_K, A, precision))
         u = torch.cholesky_solve(z.mT, L_C).mT
         value = 2.0 * L_C.diagonal().log().sum() + -(z * u).sum(-1)
         ctx.save_for_backward(L_C, u, z, precision, *factors)
@@ -324,15 +322,30 @@ def log_marginal_likelihood(
     if _kronecker_closed_form(L_K, A, b):
         p = torch.ones((), dtype=b.dtype, device=b.device) if precision is None else precision
         logdet_minus_quad = _KroneckerLogdetMinusQuad.apply(A, b, p, *L_K.factors)
-        c = c if precision is None else precision * c
-        return -0.5 * (c + logdet_minus_quad + sum_log_noise + n * math.log(2.0 * math.pi))
+        return assemble_log_likelihood(logdet_minus_quad, c, n, sum_log_noise, precision)
     if b.dim() == 2 and A.dim() == 2:  # k outputs: their L_K^T b as rows
         z = L_K.t_matmul(b.mT).mT
     else:
         z = L_K.t_matmul(b.unsqueeze(-1)).squeeze(-1)
     if precision is not None:
-        z, c = precision * z, precision * c
+        z = precision * z
     logdet_minus_quad = logdet_plus_quad(_matrix_C(L_K, A, precision), z, -1.0)
+    return assemble_log_likelihood(logdet_minus_quad, c, n, sum_log_noise, precision)
+
+
+def assemble_log_likelihood(
+    logdet_minus_quad: Tensor,
+    c: Tensor,
+    n: Tensor,
+    sum_log_noise: Tensor,
+    precision: Tensor | None,
+) -> Tensor:
+    r"""``-1/2 [c - z^T C^{-1} z + log|C| + sum(log noise) + n log 2 pi]`` (grid space).
+
+    ``c`` is the raw ``y^T y`` scaled here by ``precision`` when one is given, or the
+    noise-weighted sum with ``precision=None``.
+    """
+    c = c if precision is None else precision * c
     return -0.5 * (c + logdet_minus_quad + sum_log_noise + n * math.log(2.0 * math.pi))
 
 
