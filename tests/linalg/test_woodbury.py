@@ -96,9 +96,13 @@ def _dense_logdet_minus_quad(factors, A, b, precision):
 
 @pytest.mark.parametrize("outputs", [None, 3])
 @pytest.mark.parametrize("learned_noise", [True, False])
-def test_kronecker_marginal_likelihood_gradient_equals_dense_autograd(outputs, learned_noise):
-    """The closed-form backward (partial traces of C^{-1}) equals autograd through dense C."""
-    interp, kernel, X, y, noise = setup(d=3, g=5, n=60)
+@pytest.mark.parametrize("g", [5, 6], ids=["m125-torch", "m216-lapack"])
+def test_kronecker_marginal_likelihood_gradient_equals_dense_autograd(outputs, learned_noise, g):
+    """The closed-form backward (partial traces of C^{-1}) equals autograd through dense C.
+
+    ``m = 216`` takes SciPy's LAPACK path on the CPU (``factor.LAPACK_MIN_SIZE``).
+    """
+    interp, kernel, X, y, noise = setup(d=3, g=g, n=60)
     W = interp.weights(X).to_dense()
     A = W.T @ (W / noise.unsqueeze(-1))
     Y = y if outputs is None else torch.randn(outputs, len(y), dtype=DTYPE)
@@ -121,3 +125,20 @@ def test_kronecker_marginal_likelihood_gradient_equals_dense_autograd(outputs, l
     assert torch.allclose(value, expected, rtol=1e-10, atol=1e-10)
     for got, want in zip(grads, expected_grads, strict=True):
         assert torch.allclose(got, want, rtol=1e-8, atol=1e-8 * want.abs().max())
+
+
+def test_kronecker_marginal_likelihood_backward_can_be_repeated():
+    """``retain_graph``: a second backward gives the same gradients (the factor is reused)."""
+    interp, kernel, X, y, noise = setup(d=3, g=6, n=60)
+    W = interp.weights(X).to_dense()
+    A = W.T @ (W / noise.unsqueeze(-1))
+    factors = [
+        f.detach().clone().requires_grad_() for f in grid_kernel_root(kernel, interp.grid).factors
+    ]
+    b = y / noise @ W
+    c, n = (y.square() / noise).sum(), torch.tensor(float(len(y)), dtype=DTYPE)
+    value = log_marginal_likelihood(GridKernelRoot(tuple(factors)), A, b, c, n, noise.log().sum())
+    first = torch.autograd.grad(value, factors, retain_graph=True)
+    second = torch.autograd.grad(value, factors)
+    for a, b_ in zip(first, second, strict=True):
+        assert torch.equal(a, b_)

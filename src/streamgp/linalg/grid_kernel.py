@@ -135,22 +135,32 @@ class GridKernelRoot:
     def num_grid(self) -> int:
         return math.prod(f.shape[-1] for f in self.factors)
 
-    def _apply(self, factors: list[Tensor], rhs: Tensor) -> Tensor:
+    def _apply(
+        self, factors: list[Tensor], rhs: Tensor, workspace: tuple[Tensor, Tensor] | None = None
+    ) -> Tensor:
         # Apply kron(factors) to the columns of rhs one axis at a time, slowest first:
         # with axis i as the middle of a (before, g_i, after) view, each step is one
         # batched product with the factor expanded over `before` (a stride-0 view).
         # Products from the left keep every step a contiguous, copy-free GEMM; the
         # transposed form (`rhs_view.mT @ factor.mT`) that `torch.matmul` chooses for
         # a 2-D @ 3-D product copies the whole m x p block at every axis.
+        # With a `workspace` (two buffers shaped like rhs, neither aliasing it; no
+        # autograd) the steps alternate between them instead of allocating: a fresh
+        # m x m block is fresh pages from the OS, whose faults cost as much as the GEMM.
         sizes = [f.shape[-1] for f in factors]
         out = rhs
         for i, factor in enumerate(factors):
             before = math.prod(sizes[:i])
             block = out.reshape(before, sizes[i], -1)
-            if before == 1:
-                out = factor @ block[0]
+            if workspace is None:
+                target = None
             else:
-                out = torch.bmm(factor.expand(before, *factor.shape), block)
+                target = workspace[0] if out.data_ptr() != workspace[0].data_ptr() else workspace[1]
+                target = target.view(before, sizes[i], -1)
+            if before == 1:
+                out = torch.mm(factor, block[0], out=None if target is None else target[0])
+            else:
+                out = torch.bmm(factor.expand(before, *factor.shape), block, out=target)
         return out.reshape(rhs.shape)
 
     def matmul(self, rhs: Tensor) -> Tensor:
@@ -173,6 +183,17 @@ class GridKernelRoot:
         (the same values), which halves the backward pass.
         """
         factors = list(self.factors)
+        differentiable = [A, *factors, *([] if scale is None else [scale])]
+        if A.dim() == 2 and not (
+            torch.is_grad_enabled() and any(t.requires_grad for t in differentiable)
+        ):  # a constant result: two m x m buffers, the passes alternating between them
+            if scale is not None:  # on the small first factor, not on an m x m product
+                factors[0] = scale * factors[0]
+            workspace = (torch.empty_like(A), torch.empty_like(A))
+            first = self._apply([f.mT for f in self.factors], A, workspace)
+            second = workspace[1] if first.data_ptr() == workspace[0].data_ptr() else workspace[0]
+            second.copy_(first.mT)
+            return self._apply([f.mT for f in factors], second, workspace)
         if A.requires_grad:  # e.g. learned interpolation weights: differentiate both sides
             first = self.t_matmul(A).mT
         else:

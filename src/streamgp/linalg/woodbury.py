@@ -37,7 +37,12 @@ import torch
 from torch import Tensor
 
 from streamgp.interpolation.grid import InterpolationWeights
-from streamgp.linalg.factor import cholesky
+from streamgp.linalg.factor import (
+    cholesky,
+    cholesky_inverse,
+    cholesky_inverse_lower,
+    cholesky_solve,
+)
 from streamgp.linalg.grid_kernel import GridKernelRoot
 from streamgp.linalg.posterior_covariance import (
     MAX_CACHE_ENTRIES,
@@ -108,7 +113,7 @@ def _matrix_C(L_K: GridKernelRoot, A: Tensor, precision: Tensor | None = None) -
 
 def _cholesky_C(L_K: GridKernelRoot, A: Tensor) -> Tensor:
     """Cholesky factor of ``C = I + L_K^T A L_K``."""
-    return cholesky(_matrix_C(L_K, A))
+    return cholesky(_matrix_C(L_K, A), overwrite_input=True)
 
 
 class _LogdetPlusQuad(torch.autograd.Function):
@@ -126,9 +131,9 @@ class _LogdetPlusQuad(torch.autograd.Function):
     def forward(ctx, C: Tensor, z: Tensor, sign: float) -> Tensor:
         L_C = cholesky(C)
         if _shared(C, z):  # k right-hand sides of one solve
-            u = torch.cholesky_solve(z.mT, L_C).mT
+            u = cholesky_solve(z.mT, L_C).mT
         else:
-            u = torch.cholesky_solve(z.unsqueeze(-1), L_C).squeeze(-1)
+            u = cholesky_solve(z.unsqueeze(-1), L_C).squeeze(-1)
         ctx.save_for_backward(L_C, u)
         ctx.sign = sign
         return 2.0 * L_C.diagonal(dim1=-2, dim2=-1).log().sum(-1) + sign * (z * u).sum(-1)
@@ -139,7 +144,7 @@ class _LogdetPlusQuad(torch.autograd.Function):
         grad_C = grad_z = None
         if ctx.needs_input_grad[0]:
             # In place on the fresh inverse: each m x m pass here is a fair share of the cost.
-            grad_C = torch.cholesky_inverse(L_C)
+            grad_C = cholesky_inverse(L_C)
             if u.dim() == 1:
                 grad_C.addr_(u, u, alpha=-ctx.sign)  # one pass, no u u^T temporary
             elif _shared(L_C, u):  # sum_j g_j (C^{-1} - sign u_j u_j^T)
@@ -213,8 +218,8 @@ class _KroneckerLogdetMinusQuad(torch.autograd.Function):
         L_K = GridKernelRoot(factors)
         rows = b.reshape(-1, b.shape[-1])  # k x m
         z = precision * L_K.t_matmul(rows.mT).mT
-        L_C = cholesky(_matrix_C(L_K, A, precision))
-        u = torch.cholesky_solve(z.mT, L_C).mT
+        L_C = cholesky(_matrix_C(L_K, A, precision), overwrite_input=True)
+        u = cholesky_solve(z.mT, L_C).mT
         value = 2.0 * L_C.diagonal().log().sum() + -(z * u).sum(-1)
         ctx.save_for_backward(L_C, u, z, precision, *factors)
         ctx.single = b.dim() == 1
@@ -224,16 +229,26 @@ class _KroneckerLogdetMinusQuad(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         L_C, u, z, precision, *factors = ctx.saved_tensors
         sizes = [f.shape[-1] for f in factors]
-        C_inv = torch.cholesky_inverse(L_C)
-        m = C_inv.shape[-1]
+        # Only sums over C^{-1} are needed, so its lower triangle T suffices: a partial
+        # trace of T + T^T - diag(T) is P(T) + P(T)^T minus that of the diagonal. T
+        # takes the factor's memory (a fresh m x m block costs page faults); it is kept
+        # on ctx for a repeated backward (retain_graph), which must not read L_C again.
+        if getattr(ctx, "inverse_lower", None) is None:
+            ctx.inverse_lower = cholesky_inverse_lower(L_C, overwrite_input=True)
+        C_inv_lower = ctx.inverse_lower
+        m = C_inv_lower.shape[-1]
+        diagonal = C_inv_lower.diagonal()
         # Partial traces of I - C^{-1} over all axes but one, and its trace.
         complement = []
         for axis, size in enumerate(sizes):
-            P = -partial_trace(C_inv, sizes, axis)
-            P.diagonal().add_(m // size)
+            P = partial_trace(C_inv_lower, sizes, axis)
+            others = [j for j in range(len(sizes)) if j != axis]
+            diagonal_part = diagonal.reshape(sizes).sum(others) if others else diagonal
+            P = -(P + P.mT)
+            P.diagonal().add_(diagonal_part + m // size)
             complement.append(P)
         grads = kronecker_logdet_minus_quad_backward(
-            ctx, grad, u, z, precision, factors, complement, m - C_inv.diagonal().sum()
+            ctx, grad, u, z, precision, factors, complement, m - diagonal.sum()
         )
         return (None, *grads)
 
