@@ -7,7 +7,8 @@ and of one full ``fit_gpytorch_mll`` (L-BFGS-B, ``maxiter`` iterations), for
   (``n x n``) while n <= m = 1000, in grid space (``O(m^3)``) beyond;
 - ``SingleTaskGP`` (exact, same kernel family, BoTorch's defaults) for n <= 4000.
 
-One torch thread. Results go to ``benchmarks/results/fit_cost.{json,csv}``.
+One thread for torch and for SciPy's OpenBLAS (the grid space's LAPACK calls). Results go
+to ``benchmarks/results/fit_cost.{json,csv}``.
 
 Usage: ``python benchmarks/fit_cost.py [--quick]``
 """
@@ -27,6 +28,7 @@ from botorch.models import SingleTaskGP
 from botorch.models.utils.gpytorch_modules import get_covar_module_with_dim_scaled_prior
 from gpytorch.kernels import ScaleKernel
 from gpytorch.mlls import ExactMarginalLogLikelihood
+from threadpoolctl import threadpool_limits
 
 from streamgp import WiskiGP, WoodburyMarginalLogLikelihood
 from streamgp.utils.machine import machine_info
@@ -92,6 +94,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    threadpool_limits(1)  # SciPy's BLAS (loaded by now) has its own pool
     torch.manual_seed(0)
     rows = []
     for n in QUICK_N if args.quick else FULL_N:
