@@ -211,3 +211,54 @@ def test_sparse_statistic_update_inside_and_outside_its_pattern():
         keys = total.indices()[0] * interp.num_grid + total.indices()[1]
         assert total.is_coalesced() and (keys[1:] > keys[:-1]).all()  # sorted, unique
         assert torch.allclose(total.to_dense(), A.to_dense() + B.to_dense(), atol=1e-14)
+
+
+@pytest.mark.parametrize("fixed_noise", [False, True])
+def test_sparse_statistics_defer_merges_and_keep_every_row(fixed_noise):
+    """Small additions wait as pending Gram matrices; A, the MLL and a device move see all."""
+    from streamgp.linalg import statistics as module
+
+    interp = CubicGridInterpolation(torch.stack([torch.zeros(2), torch.ones(2)]).double(), 12)
+    X = torch.rand(200, 2, dtype=DTYPE)
+    y = torch.randn(200, dtype=DTYPE)
+    noise = 0.05 + 0.1 * torch.rand(200, dtype=DTYPE) if fixed_noise else None
+    stats = GridStatistics.empty(interp.num_grid, y, fixed_noise, sparse=True)
+    stats = stats.add(interp.weights(X[:150]), y[:150], None if noise is None else noise[:150])
+    assert stats.pending == () and stats.sparse
+    merged_nnz = stats.gram._nnz()
+    for start in range(150, 200, 2):  # 4 * 16 non-zeros per row: pending until 1/8 of gram
+        rows = slice(start, start + 2)
+        stats = stats.add(interp.weights(X[rows]), y[rows], None if noise is None else noise[rows])
+        pending_nnz = sum(p._nnz() for p in stats.pending)
+        assert pending_nnz <= module.PENDING_FRACTION * stats.gram._nnz()
+    assert stats.pending, "the last additions should still be pending"
+    assert stats.gram._nnz() > merged_nnz, "an addition past the fraction should have merged"
+    full = GridStatistics.empty(interp.num_grid, y, fixed_noise, sparse=False)
+    full = full.add(interp.weights(X), y, noise)
+    torch.testing.assert_close(stats.A.to_dense(), full.A, rtol=0, atol=1e-13)
+    kernel = _kernel("rbf", 2)
+    root = grid_kernel_root(kernel, interp.grid)
+    s2 = torch.tensor(0.07, dtype=DTYPE)
+    value = stats.log_marginal_likelihood(root, s2, tol=1e-10)
+    expected = full.log_marginal_likelihood(root, s2)
+    assert abs(float(value - expected)) <= 1e-8 * abs(float(expected))
+    moved = stats.apply(lambda t: t.clone())
+    assert moved.pending == ()
+    torch.testing.assert_close(moved.A.to_dense(), full.A, rtol=0, atol=1e-13)
+
+
+def test_structured_model_observe_defers_the_merge_and_checkpoints_every_row(monkeypatch):
+    monkeypatch.setattr(WiskiGP, "MAX_DENSE_GRID", 100)
+    X = torch.rand(120, 2, dtype=DTYPE)
+    Y = torch.sin(5 * X).sum(-1, keepdim=True)
+    model = _model(X, Y)
+    assert model.structured and not model.in_data_space
+    Xn = torch.rand(2, 2, dtype=DTYPE)
+    model.observe(Xn, torch.sin(5 * Xn).sum(-1, keepdim=True))
+    assert model.statistics.pending, "one small observe should not merge the sparse statistic"
+    restored = _model(X[:5], Y[:5])
+    assert restored.restore(model.checkpoint()) is restored
+    assert restored.num_train == 122 and restored.statistics.pending == ()
+    torch.testing.assert_close(
+        restored.statistics.A.to_dense(), model.statistics.A.to_dense(), rtol=0, atol=0
+    )

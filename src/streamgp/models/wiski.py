@@ -549,7 +549,8 @@ class WiskiGP(
                 "its statistics' noise model (fixed or learned) differs from this model's."
             )
         if "y" not in tensors:
-            return GridStatistics(**{f: get(f) for f in _GRID_FIELDS}, fixed_noise=self.fixed_noise)
+            sums = {f: get(f) for f in _GRID_FIELDS}
+            return GridStatistics(gram=sums.pop("A"), **sums, fixed_noise=self.fixed_noise)
         interp = self.interpolation
         axes = tuple(
             InterpolationWeights(get(f"axis{j}_indices"), get(f"axis{j}_values"), g)
