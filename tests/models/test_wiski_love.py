@@ -227,25 +227,53 @@ def test_structured_path_matches_dense_after_observe_and_conditioning(
 
 
 def test_structured_observe_updates_the_low_rank_root_in_place(structured_threshold, monkeypatch):
-    """After a prediction, observe updates the LOVE root (no rebuild) and stays accurate."""
+    """After a prediction, observe holds small batches as a rank-q correction of the LOVE root
+    and folds them into it at FOLD_RANK (no rebuild), staying accurate throughout."""
     torch.manual_seed(4)
     model, data = make_model(3)
     model.love_tolerance = 1e-10
     model.eval()
     model.posterior(torch.rand(2, 3, dtype=DTYPE))  # builds the LOVE root once
     rank = model.grid_posterior().root.shape[-1]
-    calls = []
-    original = wiski_module.update_root
-    monkeypatch.setattr(wiski_module, "update_root", lambda *a: calls.append(1) or original(*a))
+    folds = []
+    original = wiski_module.fold_low_rank
+    monkeypatch.setattr(wiski_module, "fold_low_rank", lambda *a: folds.append(1) or original(*a))
     monkeypatch.setattr(
         statistics_module, "structured_grid_posterior", lambda *a, **k: 1 / 0
     )  # no rebuild
     Xs = torch.rand(15, 3, dtype=DTYPE)
     X, y, noise = data
-    for _ in range(5):
+    steps = model.FOLD_RANK // 3 + 2  # past one fold, then a correction pending again
+    for step in range(steps):
         X, y, noise = stream(model, (X, y, noise), 3, calls=1)
         post = model.posterior(Xs)
-    assert len(calls) == 5 and model.grid_posterior().root.shape[-1] == rank
+        if step == 0:
+            assert not folds and model._correction.rank == 3  # held, not folded
+        mean, covar = DenseSKIModel(model, X, y, noise).latent(Xs)
+        assert (post.mean.squeeze(-1) - mean).abs().max() < 1e-8
+        assert (post.covariance_matrix - covar).abs().max() < 1e-8
+    assert len(folds) == 1 and model.grid_posterior().root.shape[-1] == rank
+    assert 0 < model._correction.rank < model.FOLD_RANK
+
+
+def test_structured_observe_with_fixed_noise_updates_the_root(structured_threshold, monkeypatch):
+    """Fixed noise is not deferred: every observe is a rank-q update of the LOVE root."""
+    torch.manual_seed(4)
+    model, data = make_model(3, fixed_noise=True)
+    model.love_tolerance = 1e-10
+    model.eval()
+    model.posterior(torch.rand(2, 3, dtype=DTYPE))
+    rank = model.grid_posterior().root.shape[-1]
+    calls = []
+    original = wiski_module.update_root
+    monkeypatch.setattr(wiski_module, "update_root", lambda *a: calls.append(1) or original(*a))
+    monkeypatch.setattr(statistics_module, "structured_grid_posterior", lambda *a, **k: 1 / 0)
+    Xs = torch.rand(15, 3, dtype=DTYPE)
+    X, y, noise = data
+    for _ in range(3):
+        X, y, noise = stream(model, (X, y, noise), 3, calls=1)
+        post = model.posterior(Xs)
+    assert len(calls) == 3 and model.grid_posterior().root.shape[-1] == rank
     mean, covar = DenseSKIModel(model, X, y, noise).latent(Xs)
     assert (post.mean.squeeze(-1) - mean).abs().max() < 1e-8
     assert (post.covariance_matrix - covar).abs().max() < 1e-8

@@ -861,7 +861,7 @@ class WiskiGP(
         meets ``love_tolerance``, cached until the exact posterior is replaced.
         """
         love_on = fast_pred_var.on() or fast_pred_samples.on()
-        if self._conditioning_log and self._log_from_observe and (love_on or self.structured):
+        if self._conditioning_log and self._log_from_observe and love_on:
             self._fold_conditioning()  # observed rows held back: LOVE needs one root
         posterior = self.exact_posterior()
         if self._correction is not None or isinstance(posterior, DataPosterior):
@@ -949,7 +949,6 @@ class WiskiGP(
     def _can_defer(self, q: int) -> bool:
         return (
             isinstance(self._posterior, GridPosterior)
-            and not self.structured
             and not self.fixed_noise  # its likelihood holds the mean noise of all rows
             and q <= self.ROOT_UPDATE_MAX_FRACTION * self.interpolation.num_grid
             and self._caches_valid()
