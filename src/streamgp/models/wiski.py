@@ -57,9 +57,11 @@ matrix: ``A = W^T Lambda^{-1} W`` is stored sparse, ``K_UU`` as Kronecker factor
 :func:`streamgp.linalg.structured.structured_grid_posterior` (block Lanczos, cost
 independent of ``n``), built lazily from the statistics when the hyperparameters
 change. ``observe`` updates that root in place by the rank-``q`` square-root update
-(``O(m k q)``): the exact conditioning of the LOVE Gaussian, whose variances keep
-LOVE's direction of error; the statistics themselves stay exact, and the next rebuild
-starts from them. ``condition_on_observations`` and fantasies add a rank-``q``
+(``O(m k q)``; small batches are held as a correction and folded every ``FOLD_RANK``
+ranks, as on dense grids): the exact conditioning of the LOVE Gaussian, whose variances
+keep LOVE's direction of error; the statistics themselves stay exact (new rows' sparse
+Gram matrices wait as pending parts until merged), and the next rebuild starts from
+them. ``condition_on_observations`` and fantasies add a rank-``q``
 correction to the root. The marginal likelihood
 (:func:`streamgp.linalg.structured.structured_log_marginal_likelihood`) uses a
 Nystrom log-determinant within a certified gap of at most ``love_tolerance`` and
