@@ -242,6 +242,9 @@ def test_sparse_statistics_defer_merges_and_keep_every_row(fixed_noise):
     value = stats.log_marginal_likelihood(root, s2, tol=1e-10)
     expected = full.log_marginal_likelihood(root, s2)
     assert abs(float(value - expected)) <= 1e-8 * abs(float(expected))
+    merged = stats.A
+    after = stats.add(interp.weights(X[:1]), y[:1], None if noise is None else noise[:1])
+    assert after.gram is merged and len(after.pending) == 1  # the read merge is kept
     moved = stats.apply(lambda t: t.clone())
     assert moved.pending == ()
     torch.testing.assert_close(moved.A.to_dense(), full.A, rtol=0, atol=1e-13)

@@ -67,8 +67,9 @@ def cholesky(A: Tensor, overwrite_input: bool = False) -> Tensor:
                 [2., 3.]])
     """
     if _lapack_eligible(A):
-        (potrf,) = lapack.get_lapack_funcs(("potrf",), (_fortran_view(A),))
-        upper, info = potrf(_fortran_view(A), lower=0, clean=1, overwrite_a=int(overwrite_input))
+        matrix = _fortran_view(A)
+        (potrf,) = lapack.get_lapack_funcs(("potrf",), (matrix,))
+        upper, info = potrf(matrix, lower=0, clean=1, overwrite_a=int(overwrite_input))
         L = torch.from_numpy(upper.T)
         if info > 0:
             if not skip_value_checks.on():
@@ -93,8 +94,9 @@ def cholesky_inverse_lower(L: Tensor, overwrite_input: bool = False) -> Tensor:
     over it (where LAPACK is used).
     """
     if _lapack_eligible(L):
-        (potri,) = lapack.get_lapack_funcs(("potri",), (_fortran_view(L),))
-        upper, _ = potri(_fortran_view(L), lower=0, overwrite_c=int(overwrite_input))
+        factor = _fortran_view(L)
+        (potri,) = lapack.get_lapack_funcs(("potri",), (factor,))
+        upper, _ = potri(factor, lower=0, overwrite_c=int(overwrite_input))
         return torch.from_numpy(upper.T)
     return torch.cholesky_inverse(L).tril_()
 

@@ -184,26 +184,24 @@ class GridKernelRoot:
         """
         factors = list(self.factors)
         differentiable = [A, *factors, *([] if scale is None else [scale])]
+        workspace = None
         if A.dim() == 2 and not (
             torch.is_grad_enabled() and any(t.requires_grad for t in differentiable)
         ):  # a constant result: two m x m buffers, the passes alternating between them
-            if scale is not None:  # on the small first factor, not on an m x m product
-                factors[0] = scale * factors[0]
             workspace = (torch.empty_like(A), torch.empty_like(A))
-            first = self._apply([f.mT for f in self.factors], A, workspace)
+            first = self._apply([f.mT for f in factors], A, workspace)
             second = workspace[1] if first.data_ptr() == workspace[0].data_ptr() else workspace[0]
-            second.copy_(first.mT)
-            return self._apply([f.mT for f in factors], second, workspace)
-        if A.requires_grad:  # e.g. learned interpolation weights: differentiate both sides
-            first = self.t_matmul(A).mT
+            first = second.copy_(first.mT)
+        elif A.requires_grad:  # e.g. learned interpolation weights: differentiate both sides
+            first = self.t_matmul(A).mT.contiguous()
         else:
             with torch.no_grad():
-                first = self.t_matmul(A).mT
+                first = self.t_matmul(A).mT.contiguous()
             if torch.is_grad_enabled() and any(f.requires_grad for f in factors):
                 factors = [2 * f - f.detach() for f in factors]
         if scale is not None:  # on the small first factor, not on an m x m product
             factors[0] = scale * factors[0]
-        return GridKernelRoot(tuple(factors)).t_matmul(first.contiguous())
+        return self._apply([f.mT for f in factors], first, workspace)
 
     def kernel_trace(self) -> Tensor:
         r"""``tr(L L^T) = prod_i |L_i|_F^2``, without forming ``L``."""

@@ -175,7 +175,9 @@ class GridStatistics:
         precision, log_noise, noise_sum = _noise_sums(y, noise if self.fixed_noise else None)
         gram, pending = self.gram, ()
         if self.sparse:
-            pending = (*self.pending, weights.weighted_gram(precision, sparse=True))
+            # Once A has been read (a fit, a rebuild) its merge is kept, not redone later.
+            gram, held = (self.A, ()) if "A" in self.__dict__ else (gram, self.pending)
+            pending = (*held, weights.weighted_gram(precision, sparse=True))
             if sum(p._nnz() for p in pending) > PENDING_FRACTION * gram._nnz():
                 gram, pending = _add_sparse(gram, _sum_sparse(pending)), ()
         else:
