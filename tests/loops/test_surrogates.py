@@ -17,12 +17,12 @@ def _data(n, gen, high=1.0):
     return X, f + NOISE_SD * torch.randn(n, 1, dtype=DT, generator=gen)
 
 
-def _fitted_noise_sd(name, kernel_factory=None):
+def _fitted_noise_sd(name, kernel_factory=None, **options):
     gen = torch.Generator().manual_seed(0)
     # The initial design sits where the function is nearly flat, so the frozen
     # standardisation's scale is far below the spread of the later data.
     X0, Y0 = _data(5, gen, high=0.05)
-    surrogate = make_surrogate(name, X0, Y0, grid_size=12, kernel_factory=kernel_factory)
+    surrogate = make_surrogate(name, X0, Y0, grid_size=12, kernel_factory=kernel_factory, **options)
     surrogate.update(*_data(100, gen))
     surrogate.fit()
     model = surrogate.model
@@ -39,10 +39,36 @@ def test_grid_surrogates_learn_an_outputscale_and_the_true_noise(name):
     assert 0.7 * NOISE_SD < noise_sd < 1.4 * NOISE_SD
     # BoTorch's unscaled default kernel (unit signal variance in the frozen units)
     # explains the excess variance as noise: the failure the scaled default fixes.
-    unscaled_sd, _ = _fitted_noise_sd(
-        name, lambda d: get_covar_module_with_dim_scaled_prior(ard_num_dims=d)
-    )
+    unscaled_sd, _ = _fitted_noise_sd(name, _unscaled)
     assert unscaled_sd > 3 * NOISE_SD
+
+
+def _unscaled(dim):
+    return get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
+
+
+def test_wiski_surrogate_restandardizes_on_all_data_at_each_refit():
+    gen = torch.Generator().manual_seed(0)
+    X0, Y0 = _data(5, gen, high=0.05)
+    X1, Y1 = _data(100, gen)
+    surrogate = make_surrogate(
+        "wiski", X0, Y0, grid_size=12, kernel_factory=_unscaled, restandardize=True
+    )
+    surrogate.update(X1, Y1)
+    transform = surrogate.model.outcome_transform
+    assert torch.allclose(transform.stdvs, Y0.std())  # frozen between refits
+    surrogate.fit()
+    Y = torch.cat([Y0, Y1])
+    assert torch.allclose(transform.means, Y.mean(), rtol=1e-10)
+    assert torch.allclose(transform.stdvs, Y.std(), rtol=1e-10)
+    # Standardised on all data as SingleTaskGP is, BoTorch's unscaled kernel fits too.
+    noise_sd = (surrogate.model.likelihood.noise.sqrt() * transform.stdvs).item()
+    assert 0.7 * NOISE_SD < noise_sd < 1.4 * NOISE_SD
+    # Known noise: the statistics keep noise-weighted sums only, so it stays frozen.
+    fixed = make_surrogate("wiski", X0, Y0, torch.ones_like(Y0), grid_size=12, restandardize=True)
+    fixed.update(X1, Y1, torch.ones_like(Y1))
+    fixed.fit(max_iter=2)
+    assert torch.allclose(fixed.model.outcome_transform.stdvs, Y0.std())
 
 
 def test_softki_surrogate_temperature_is_relative_to_the_points_spacing():
