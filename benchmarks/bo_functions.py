@@ -20,6 +20,8 @@ and vs cumulative time, time per step vs step).
 ``--wiski-grid-size g`` runs WISKI on a g^3 grid instead of its default 10^3 (runs under
 ``<function>_wiski_g<g>/``, labelled ``wiski_g<g>``), so grids can be compared side by side:
 e.g. ``--models wiski --wiski-grid-size 16`` next to the default runs (issue 19's table).
+``--wiski-restandardize`` re-estimates WISKI's outcome standardisation from all data at
+each refit (``WiskiSurrogate(restandardize=True)``; label suffix ``_restd``).
 
 Usage: ``python benchmarks/bo_functions.py [--steps 100] [--functions levy,ackley]``
 """
@@ -40,11 +42,9 @@ from streamgp.utils.machine import machine_info
 
 
 def _read_run(path: Path) -> pd.DataFrame:
-    """One run's curves; WISKI runs on a non-default grid are labelled ``wiski_g<g>``."""
+    """One run's curves, labelled by its directory ``<function>_<label>`` (``wiski_g16``)."""
     frame = pd.read_csv(path)
-    grid = path.parent.name.rpartition("_g")[2]
-    if path.parent.name.endswith(f"_wiski_g{grid}") and grid.isdigit():
-        frame["model"] = f"wiski_g{grid}"
+    frame["model"] = path.parent.name.partition("_")[2]
     return frame
 
 
@@ -62,6 +62,11 @@ def main() -> None:
     parser.add_argument(
         "--wiski-grid-size", type=int, default=None, help="WISKI points per dimension"
     )
+    parser.add_argument(
+        "--wiski-restandardize",
+        action="store_true",
+        help="WISKI re-estimates its outcome standardisation at each refit",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     parser.add_argument("--resume", action="store_true", help="continue from checkpoints")
     parser.add_argument("--device", default="cpu")
@@ -76,11 +81,15 @@ def main() -> None:
     runs = args.out / "bo_functions_runs"
     grid = args.wiski_grid_size
     options = {"osvgp": {"num_inducing": args.num_inducing}}
+    wiski, suffix = {}, ""
     if grid is not None:
-        options["wiski"] = {"grid_size": grid}
+        wiski["grid_size"], suffix = grid, f"_g{grid}"
+    if args.wiski_restandardize:
+        wiski["restandardize"], suffix = True, suffix + "_restd"
+    if wiski:  # the default WISKI's runs keep model_options=None (their checkpoints' config)
+        options["wiski"] = wiski
     for function in functions:
         for model in args.models.split(","):
-            suffix = f"_g{grid}" if model == "wiski" and grid is not None else ""
             run_bo_experiment(
                 function,
                 models=[model],
@@ -91,7 +100,7 @@ def main() -> None:
                 fit_every=args.fit_every,
                 model_options=options,
                 device=args.device,
-                out=runs / f"{function}_{model}{suffix}",
+                out=runs / f"{function}_{model}{suffix if model == 'wiski' else ''}",
                 resume=args.resume,
                 plots=False,
             )
