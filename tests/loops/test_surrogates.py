@@ -17,12 +17,12 @@ def _data(n, gen, high=1.0):
     return X, f + NOISE_SD * torch.randn(n, 1, dtype=DT, generator=gen)
 
 
-def _fitted_noise_sd(name, kernel_factory=None, **options):
+def _fitted_noise_sd(name, kernel_factory=None):
     gen = torch.Generator().manual_seed(0)
     # The initial design sits where the function is nearly flat, so the frozen
     # standardisation's scale is far below the spread of the later data.
     X0, Y0 = _data(5, gen, high=0.05)
-    surrogate = make_surrogate(name, X0, Y0, grid_size=12, kernel_factory=kernel_factory, **options)
+    surrogate = make_surrogate(name, X0, Y0, grid_size=12, kernel_factory=kernel_factory)
     surrogate.update(*_data(100, gen))
     surrogate.fit()
     model = surrogate.model

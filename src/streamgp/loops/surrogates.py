@@ -198,11 +198,11 @@ class WiskiSurrogate(_CheckpointedSurrogate, _GridSurrogate):
     ``Standardize`` from every observation (:meth:`WiskiGP.restandardize`, exact, from
     the statistics), as ``SingleTaskGP`` re-standardises on all data; between refits the
     transform stays frozen, so updates stay constant-time. It is off by default: with
-    the scaled default kernel, the initial design's frozen standardisation modelled the
-    six test functions as well or better (``benchmarks/bo_surrogate_fidelity.py``), and
-    re-standardised fits more often stopped in poor local optima. With known noise
-    (``train_Yvar``) the statistics keep only noise-weighted sums, so the initial
-    design's standardisation always stays.
+    the scaled default kernel its effect on the six test functions was mixed
+    (``benchmarks/bo_surrogate_fidelity.py``: better on three, worse on two where some
+    re-standardised fits stopped in poor local optima), and BO on Rastrigin did no
+    better with it. With known noise (``train_Yvar``) the statistics keep only
+    noise-weighted sums, so the initial design's standardisation always stays.
 
     Args:
         grid_size: Grid points per dimension (``None``: ``WiskiGP``'s default).
