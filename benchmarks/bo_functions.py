@@ -22,6 +22,8 @@ and vs cumulative time, time per step vs step).
 e.g. ``--models wiski --wiski-grid-size 16`` next to the default runs (issue 19's table).
 ``--wiski-restandardize`` re-estimates WISKI's outcome standardisation from all data at
 each refit (``WiskiSurrogate(restandardize=True)``; label suffix ``_restd``).
+``--summarize-only`` runs nothing and rewrites the summary and figures from the runs under
+``--out`` (e.g. after runs of different lengths were resumed separately).
 
 Usage: ``python benchmarks/bo_functions.py [--steps 100] [--functions levy,ackley]``
 """
@@ -69,6 +71,11 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     parser.add_argument("--resume", action="store_true", help="continue from checkpoints")
+    parser.add_argument(
+        "--summarize-only",
+        action="store_true",
+        help="run nothing; rewrite the summary and figures from the runs under --out",
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
@@ -88,7 +95,7 @@ def main() -> None:
         wiski["restandardize"], suffix = True, suffix + "_restd"
     if wiski:  # the default WISKI's runs keep model_options=None (their checkpoints' config)
         options["wiski"] = wiski
-    for function in functions:
+    for function in [] if args.summarize_only else functions:
         for model in args.models.split(","):
             run_bo_experiment(
                 function,
@@ -115,8 +122,8 @@ def main() -> None:
     payload = {
         "protocol": "WISKI paper appendix C.2 (streamgp.loops.BayesOptLoop), qUCB q=3",
         "settings": {
-            "steps": args.steps,
-            "trials": args.trials,
+            "steps": None if args.summarize_only else args.steps,  # None: per run, in results
+            "trials": None if args.summarize_only else args.trials,
             "fit_every": args.fit_every,
             "window": args.window,
             "osvgp_num_inducing": args.num_inducing,
