@@ -51,9 +51,9 @@ def test_wiski_surrogate_restandardizes_on_all_data_at_each_refit():
     gen = torch.Generator().manual_seed(0)
     X0, Y0 = _data(5, gen, high=0.05)
     X1, Y1 = _data(100, gen)
-    surrogate = make_surrogate(
-        "wiski", X0, Y0, grid_size=12, kernel_factory=_unscaled, restandardize=True
-    )
+    surrogate = make_surrogate("wiski", X0, Y0, grid_size=12, restandardize=True)
+    # Re-standardised outcomes have unit variance: BoTorch's unscaled kernel is the default.
+    assert not isinstance(surrogate.model.covar_module, ScaleKernel)
     surrogate.update(X1, Y1)
     transform = surrogate.model.outcome_transform
     assert torch.allclose(transform.stdvs, Y0.std())  # frozen between refits
@@ -61,14 +61,38 @@ def test_wiski_surrogate_restandardizes_on_all_data_at_each_refit():
     Y = torch.cat([Y0, Y1])
     assert torch.allclose(transform.means, Y.mean(), rtol=1e-10)
     assert torch.allclose(transform.stdvs, Y.std(), rtol=1e-10)
-    # Standardised on all data as SingleTaskGP is, BoTorch's unscaled kernel fits too.
     noise_sd = (surrogate.model.likelihood.noise.sqrt() * transform.stdvs).item()
     assert 0.7 * NOISE_SD < noise_sd < 1.4 * NOISE_SD
-    # Known noise: the statistics keep noise-weighted sums only, so it stays frozen.
+    # Known noise: the statistics keep noise-weighted sums only, so it stays frozen and
+    # the scaled kernel stays the default.
     fixed = make_surrogate("wiski", X0, Y0, torch.ones_like(Y0), grid_size=12, restandardize=True)
+    assert isinstance(fixed.model.covar_module, ScaleKernel)
     fixed.update(X1, Y1, torch.ones_like(Y1))
     fixed.fit(max_iter=2)
     assert torch.allclose(fixed.model.outcome_transform.stdvs, Y0.std())
+
+
+def test_restandardized_wiski_surrogate_fits_what_single_task_gp_fits():
+    # The same stream, absorbed batch by batch with refits as the BO loop does: WISKI
+    # re-standardised on a fine grid is SingleTaskGP's model, so it must land on the
+    # same hyperparameters and predictions (a ScaleKernel here misses both tolerances).
+    gen = torch.Generator().manual_seed(1)
+    X, Y = _data(125, gen)
+    wiski = make_surrogate("wiski", X[:5], Y[:5], grid_size=40, restandardize=True)
+    exact = make_surrogate("exact", X[:5], Y[:5])
+    for surrogate in (wiski, exact):
+        surrogate.fit()
+        for start in range(5, len(X), 30):
+            surrogate.update(X[start : start + 30], Y[start : start + 30])
+            surrogate.fit()
+    lengthscale = wiski.model.covar_module.lengthscale
+    assert torch.allclose(lengthscale, exact.model.covar_module.lengthscale, rtol=0.02)
+    noise = wiski.model.likelihood.noise
+    assert torch.allclose(noise, exact.model.likelihood.noise, rtol=0.05)
+    assert torch.allclose(wiski.model.outcome_transform.stdvs, exact.model.outcome_transform.stdvs)
+    test_X = torch.rand(50, 2, dtype=DT, generator=gen)
+    mean = wiski.model.posterior(test_X).mean
+    assert torch.allclose(mean, exact.model.posterior(test_X).mean, atol=0.02 * Y.std())
 
 
 def test_softki_surrogate_temperature_is_relative_to_the_points_spacing():

@@ -159,11 +159,14 @@ class _GridSurrogate(Surrogate):
             X,
             Y,
             Yvar,
-            covar_module=self._covar_module(dim) or _scaled_default_kernel(dim),
+            covar_module=self._covar_module(dim) or self._default_kernel(dim),
             outcome_transform=Standardize(m=1),
             **self._model_options(X),
         )
         return model.eval()
+
+    def _default_kernel(self, dim: int) -> Kernel:
+        return _scaled_default_kernel(dim)
 
     def _model_options(self, train_X: Tensor) -> dict[str, Any]:
         r"""Keyword arguments of ``model_cls`` beyond the data, kernel and transform."""
@@ -197,16 +200,21 @@ class WiskiSurrogate(_CheckpointedSurrogate, _GridSurrogate):
     With ``restandardize=True`` each refit first re-estimates the outcome's
     ``Standardize`` from every observation (:meth:`WiskiGP.restandardize`, exact, from
     the statistics), as ``SingleTaskGP`` re-standardises on all data; between refits the
-    transform stays frozen, so updates stay constant-time. It is off by default: with
-    the scaled default kernel its effect on the six test functions was mixed
-    (``benchmarks/bo_surrogate_fidelity.py``: better on three, worse on two where some
-    re-standardised fits stopped in poor local optima), and BO on Rastrigin did no
-    better with it. With known noise (``train_Yvar``) the statistics keep only
-    noise-weighted sums, so the initial design's standardisation always stays.
+    transform stays frozen, so updates stay constant-time. The outcome then has unit
+    variance, so the default kernel is ``SingleTaskGP``'s own (BoTorch's unscaled
+    dim-scaled-prior RBF): this is ``SingleTaskGP``'s model on a grid, and on the same
+    stream it fits the same hyperparameters. The frozen default needs the
+    ``ScaleKernel`` instead, and with it the marginal likelihood often prefers a long
+    lengthscale with a large outputscale to ``SingleTaskGP``'s fit (on
+    StyblinskiTang's BO data, lengthscales 0.78 with outputscale 1450 where
+    ``SingleTaskGP`` fits 0.19-0.25). With known noise (``train_Yvar``) the statistics
+    keep only noise-weighted sums, so the initial design's standardisation and the
+    scaled kernel stay.
 
     Args:
         grid_size: Grid points per dimension (``None``: ``WiskiGP``'s default).
-        restandardize: Re-estimate the standardisation from all data at each refit.
+        restandardize: Re-estimate the standardisation from all data at each refit
+            (and default to ``SingleTaskGP``'s unscaled kernel).
         **kwargs: As :class:`Surrogate`.
 
     Example:
@@ -233,8 +241,19 @@ class WiskiSurrogate(_CheckpointedSurrogate, _GridSurrogate):
         self.restandardize = bool(restandardize)
         super().__init__(train_X, train_Y, train_Yvar, **kwargs)
 
+    @property
+    def _restandardizes(self) -> bool:
+        # Known noise keeps the initial design's standardisation (see the class docstring).
+        return self.restandardize and not self.fixed_noise
+
+    def _default_kernel(self, dim: int) -> Kernel:
+        # Re-standardised outcomes have unit variance, as SingleTaskGP's: its kernel fits.
+        if self._restandardizes:
+            return get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
+        return super()._default_kernel(dim)
+
     def fit(self, max_iter: int | None = None) -> None:
-        if self.restandardize and not self.fixed_noise and self._model.num_train > 1:
+        if self._restandardizes and self._model.num_train > 1:
             self._model.restandardize()
         super().fit(max_iter)
 
@@ -440,9 +459,9 @@ class SoftKISurrogate(WiskiSurrogate):
     ``num_inducing`` points are a scrambled Sobol design of the unit cube (where the
     loops' inputs live) and the softmax temperature is SoftKI's default for them (or
     ``relative_temperature`` times their median nearest-neighbour distance); both stay
-    fixed. The kernel (BoTorch's dim-scaled RBF in a ``ScaleKernel``, as for the grid
-    models) and the noise are refitted on the exact SoftKI likelihood from the
-    statistics, ``O(m^3)`` whatever ``n`` is.
+    fixed. The kernel (BoTorch's dim-scaled RBF, in a ``ScaleKernel`` unless
+    ``restandardize``, as for the grid models) and the noise are refitted on the exact
+    SoftKI likelihood from the statistics, ``O(m^3)`` whatever ``n`` is.
 
     Args:
         num_inducing: Interpolation points ``m`` (default 256).
