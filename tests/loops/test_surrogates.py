@@ -47,11 +47,14 @@ def _unscaled(dim):
     return get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
 
 
-def test_wiski_surrogate_restandardizes_on_all_data_at_each_refit():
+@pytest.mark.parametrize(
+    ("name", "options"), [("wiski", {"grid_size": 12}), ("softki", {"num_inducing": 64})]
+)
+def test_surrogate_restandardizes_on_all_data_at_each_refit(name, options):
     gen = torch.Generator().manual_seed(0)
     X0, Y0 = _data(5, gen, high=0.05)
     X1, Y1 = _data(100, gen)
-    surrogate = make_surrogate("wiski", X0, Y0, grid_size=12, restandardize=True)
+    surrogate = make_surrogate(name, X0, Y0, restandardize=True, **options)
     # Re-standardised outcomes have unit variance: BoTorch's unscaled kernel is the default.
     assert not isinstance(surrogate.model.covar_module, ScaleKernel)
     surrogate.update(X1, Y1)
@@ -65,7 +68,7 @@ def test_wiski_surrogate_restandardizes_on_all_data_at_each_refit():
     assert 0.7 * NOISE_SD < noise_sd < 1.4 * NOISE_SD
     # Known noise: the statistics keep noise-weighted sums only, so it stays frozen and
     # the scaled kernel stays the default.
-    fixed = make_surrogate("wiski", X0, Y0, torch.ones_like(Y0), grid_size=12, restandardize=True)
+    fixed = make_surrogate(name, X0, Y0, torch.ones_like(Y0), restandardize=True, **options)
     assert isinstance(fixed.model.covar_module, ScaleKernel)
     fixed.update(X1, Y1, torch.ones_like(Y1))
     fixed.fit(max_iter=2)
