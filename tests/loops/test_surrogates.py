@@ -4,6 +4,7 @@ import pytest
 import torch
 from botorch.models.utils.gpytorch_modules import get_covar_module_with_dim_scaled_prior
 from gpytorch.kernels import ScaleKernel
+from gpytorch.means import ConstantMean
 
 from streamgp.loops.surrogates import make_surrogate
 
@@ -55,8 +56,10 @@ def test_surrogate_restandardizes_on_all_data_at_each_refit(name, options):
     X0, Y0 = _data(5, gen, high=0.05)
     X1, Y1 = _data(100, gen)
     surrogate = make_surrogate(name, X0, Y0, restandardize=True, **options)
-    # Re-standardised outcomes have unit variance: BoTorch's unscaled kernel is the default.
+    # Re-standardised outcomes have unit variance: BoTorch's unscaled kernel is the default
+    # (and WISKI learns SingleTaskGP's constant mean).
     assert not isinstance(surrogate.model.covar_module, ScaleKernel)
+    assert isinstance(surrogate.model.mean_module, ConstantMean) == (name == "wiski")
     surrogate.update(X1, Y1)
     transform = surrogate.model.outcome_transform
     assert torch.allclose(transform.stdvs, Y0.std())  # frozen between refits
@@ -70,6 +73,7 @@ def test_surrogate_restandardizes_on_all_data_at_each_refit(name, options):
     # the scaled kernel stays the default.
     fixed = make_surrogate(name, X0, Y0, torch.ones_like(Y0), restandardize=True, **options)
     assert isinstance(fixed.model.covar_module, ScaleKernel)
+    assert fixed.model.mean_module is None
     fixed.update(X1, Y1, torch.ones_like(Y1))
     fixed.fit(max_iter=2)
     assert torch.allclose(fixed.model.outcome_transform.stdvs, Y0.std())
@@ -92,6 +96,8 @@ def test_restandardized_wiski_surrogate_fits_what_single_task_gp_fits():
     assert torch.allclose(lengthscale, exact.model.covar_module.lengthscale, rtol=0.02)
     noise = wiski.model.likelihood.noise
     assert torch.allclose(noise, exact.model.likelihood.noise, rtol=0.05)
+    constant = wiski.model.mean_module.constant
+    assert torch.allclose(constant, exact.model.mean_module.constant, atol=0.02)
     assert torch.allclose(wiski.model.outcome_transform.stdvs, exact.model.outcome_transform.stdvs)
     test_X = torch.rand(50, 2, dtype=DT, generator=gen)
     mean = wiski.model.posterior(test_X).mean

@@ -12,7 +12,8 @@ Both classes offer one interface, so a model holds either and never asks which:
 - ``target_moments()`` and ``affine(alpha, beta)``: the targets' sum and sum of squares,
   and the statistics of ``alpha y + beta`` (noise ``alpha^2 lambda``), so an outcome
   standardisation can be re-estimated from all data exactly
-  (:meth:`streamgp.models.WiskiGP.restandardize`).
+  (:meth:`streamgp.models.WiskiGP.restandardize`); ``shift(beta)``: those of ``y + beta``
+  (a constant prior mean ``-beta``, differentiable).
 
 :class:`GridStatistics` holds ``A = W^T Lambda^{-1} W``, ``b = W^T Lambda^{-1} y``,
 ``c = y^T Lambda^{-1} y``, ``n`` and the noise sums (for homoskedastic noise the raw
@@ -261,6 +262,18 @@ class GridStatistics:
             )
         return self.b.sum(-1), self.c
 
+    def shift(self, beta: Tensor) -> GridStatistics:
+        r"""The statistics of targets ``y + beta`` (differentiable in ``beta``, ``O(m^2)``).
+
+        As :meth:`affine` with ``alpha = 1``, for either noise model: ``A 1`` is
+        ``W^T Lambda^{-1} 1`` and ``1^T b`` is ``1^T Lambda^{-1} y`` (``W 1 = 1``), so a
+        constant prior mean is the shift of the targets by its negative.
+        """
+        A_one = (self.A @ torch.ones_like(self.b).unsqueeze(-1)).squeeze(-1)
+        b = self.b + beta * A_one
+        c = self.c + 2 * beta * self.b.sum(-1) + beta**2 * A_one.sum(-1)
+        return replace(self, b=b, c=c)
+
     def affine(self, alpha: Tensor, beta: Tensor) -> GridStatistics:
         r"""The statistics of targets ``alpha y + beta`` (fixed noise ``alpha^2 lambda``).
 
@@ -402,6 +415,10 @@ class DataStatistics:
     def target_moments(self) -> tuple[Tensor, Tensor]:
         r"""``(sum y, sum y^2)`` of the rows."""
         return self.y.sum(-1), (self.y * self.y).sum(-1)
+
+    def shift(self, beta: Tensor) -> DataStatistics:
+        r"""The rows with targets ``y + beta``."""
+        return replace(self, y=self.y + beta)
 
     def affine(self, alpha: Tensor, beta: Tensor) -> DataStatistics:
         r"""The rows with targets ``alpha y + beta`` (and fixed noise ``alpha^2 lambda``)."""

@@ -35,6 +35,7 @@ from botorch.models.model import Model
 from botorch.models.transforms.outcome import Standardize
 from botorch.models.utils.gpytorch_modules import get_covar_module_with_dim_scaled_prior
 from gpytorch.kernels import Kernel, ScaleKernel
+from gpytorch.means import ConstantMean
 from gpytorch.mlls import ExactMarginalLogLikelihood
 from torch import Tensor
 from torch.quasirandom import SobolEngine
@@ -201,20 +202,22 @@ class WiskiSurrogate(_CheckpointedSurrogate, _GridSurrogate):
     ``Standardize`` from every observation (:meth:`WiskiGP.restandardize`, exact, from
     the statistics), as ``SingleTaskGP`` re-standardises on all data; between refits the
     transform stays frozen, so updates stay constant-time. The outcome then has unit
-    variance, so the default kernel is ``SingleTaskGP``'s own (BoTorch's unscaled
-    dim-scaled-prior RBF): this is ``SingleTaskGP``'s model on a grid, and on the same
-    stream it fits the same hyperparameters. The frozen default needs the
-    ``ScaleKernel`` instead, and with it the marginal likelihood often prefers a long
-    lengthscale with a large outputscale to ``SingleTaskGP``'s fit (on
-    StyblinskiTang's BO data, lengthscales 0.78 with outputscale 1450 where
-    ``SingleTaskGP`` fits 0.19-0.25). With known noise (``train_Yvar``) the statistics
-    keep only noise-weighted sums, so the initial design's standardisation and the
-    scaled kernel stay.
+    variance, so the model takes ``SingleTaskGP``'s own kernel (BoTorch's unscaled
+    dim-scaled-prior RBF) and its learned constant mean: ``SingleTaskGP``'s model on a
+    grid, which on the same stream fits the same hyperparameters. (BO data crowd near
+    the optimum, so the data's mean is far from the function's: on Levy, a zero mean
+    instead of the learned one took the lengthscale of one dimension from about 1 to
+    3-8.) The frozen default needs the ``ScaleKernel`` instead, and with it the marginal
+    likelihood often prefers a long lengthscale with a large outputscale to
+    ``SingleTaskGP``'s fit (on StyblinskiTang's BO data, lengthscales 0.78 with
+    outputscale 1450 where ``SingleTaskGP`` fits 0.19-0.25). With known noise
+    (``train_Yvar``) the statistics keep only noise-weighted sums, so the initial
+    design's standardisation, the scaled kernel and the zero mean stay.
 
     Args:
         grid_size: Grid points per dimension (``None``: ``WiskiGP``'s default).
         restandardize: Re-estimate the standardisation from all data at each refit
-            (and default to ``SingleTaskGP``'s unscaled kernel).
+            (and take ``SingleTaskGP``'s unscaled kernel and learned constant mean).
         **kwargs: As :class:`Surrogate`.
 
     Example:
@@ -251,6 +254,12 @@ class WiskiSurrogate(_CheckpointedSurrogate, _GridSurrogate):
         if self._restandardizes:
             return get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
         return super()._default_kernel(dim)
+
+    def _model_options(self, train_X: Tensor) -> dict[str, Any]:
+        options = super()._model_options(train_X)
+        if self._restandardizes:  # SingleTaskGP's learned constant mean
+            options["mean_module"] = ConstantMean()
+        return options
 
     def fit(self, max_iter: int | None = None) -> None:
         if self._restandardizes and self._model.num_train > 1:

@@ -99,6 +99,7 @@ from botorch.models.utils.gpytorch_modules import (
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel, ScaleKernel
 from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
+from gpytorch.means import ConstantMean
 from gpytorch.models import GP
 from gpytorch.settings import fast_pred_samples, fast_pred_var
 from linear_operator.operators import (
@@ -280,6 +281,12 @@ class WiskiGP(
             statistics from the start, with a dense root; a subclass whose points are not
             a grid also overrides :meth:`kernel_root`. Not with ``grid_size``,
             ``grid_bounds`` or ``data_space_limit``.
+        mean_module: The prior mean: None (default) for zero (the standardised
+            targets' mean), or a gpytorch ``ConstantMean`` whose constant is learned
+            with the kernel, as ``SingleTaskGP``'s (single-output models). Exact at
+            no extra cost: interpolation rows sum to one, so the statistics of the
+            targets minus a constant follow from the statistics
+            (:meth:`~streamgp.linalg.statistics.GridStatistics.shift`).
 
     Example:
         >>> from botorch.models.transforms import Normalize, Standardize
@@ -326,9 +333,21 @@ class WiskiGP(
         extrapolation: str = "nearest",
         data_space_limit: int | None = None,
         interpolation: Callable[[Tensor, Tensor, Tensor | None], Any] | None = None,
+        mean_module: ConstantMean | None = None,
     ) -> None:
         check_grid_model_data(train_X, train_Y, train_Yvar, likelihood, multi_output=True)
         num_outputs = train_Y.shape[-1]
+        if mean_module is not None:
+            if type(mean_module) is not ConstantMean or mean_module.constant.numel() != 1:
+                raise ValueError(
+                    "mean_module must be None (zero mean) or an unbatched gpytorch "
+                    f"ConstantMean, got {type(mean_module).__name__}."
+                )
+            if num_outputs > 1:
+                raise ValueError(
+                    f"train_Y has {num_outputs} columns; mean_module (a learned constant "
+                    "mean) is supported for single-output models."
+                )
         if num_outputs > 1 and interpolation is not None:
             raise ValueError(
                 f"train_Y has {num_outputs} columns; a model with an interpolation factory "
@@ -356,6 +375,7 @@ class WiskiGP(
         if covar_module is None:
             covar_module = get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
         self.covar_module = covar_module.to(**tkwargs)
+        self.mean_module = None if mean_module is None else mean_module.to(**tkwargs)
         self.fixed_noise = train_Yvar is not None
         if self.fixed_noise:
             # Only the mean training noise is kept (BoTorch's fantasize reads it).
@@ -439,6 +459,20 @@ class WiskiGP(
         r"""``... x q x k`` targets in the layout of the algebra: ``... x q`` for one
         output, ``... x k x q`` for ``k`` (the outputs share every row-derived factor)."""
         return Y.squeeze(-1) if self._num_outputs == 1 else Y.movedim(-1, -2)
+
+    def _prior_mean(self) -> Tensor | None:
+        r"""The learned constant prior mean (transformed space), or None for zero."""
+        return None if self.mean_module is None else self.mean_module.constant.reshape(())
+
+    def _centered(self, statistics: DataStatistics | GridStatistics):
+        r"""The statistics of the targets minus the prior mean (the GP's residuals)."""
+        mean = self._prior_mean()
+        return statistics if mean is None else statistics.shift(-mean)
+
+    def _residuals(self, y: Tensor) -> Tensor:
+        r"""Targets minus the prior mean, as the posterior factors take them."""
+        mean = self._prior_mean()
+        return y if mean is None else y - mean
 
     def _shared_noise(self, Yvar: Tensor, name: str) -> Tensor:
         r"""``... x q x k`` (transformed) noise variances as one ``... x q`` noise per row.
@@ -631,7 +665,7 @@ class WiskiGP(
         (:meth:`~streamgp.models.base.StreamingModelMixin.compute_custom_loss`).
         """
         statistics = self.training_statistics()
-        value = statistics.log_marginal_likelihood(
+        value = self._centered(statistics).log_marginal_likelihood(
             self.kernel_root(), self.noise_variance, tol=self.love_tolerance
         )
         return value.sum(), statistics.n  # summed over the outputs (one per output)
@@ -663,7 +697,7 @@ class WiskiGP(
             if self._posterior_on_grid(statistics):
                 statistics = statistics.to_grid()
             with torch.no_grad():
-                self._posterior = statistics.posterior(
+                self._posterior = self._centered(statistics).posterior(
                     self.kernel_root(), self.noise_variance, tol=self.love_tolerance
                 )
                 self._snapshot_hyperparameters()
@@ -671,7 +705,7 @@ class WiskiGP(
             self._correction = None
             for X_q, y_q, noise_q in self._conditioning_log:
                 self._correction = self._current_correction().condition(
-                    self._posterior, self._rows(X_q), y_q, noise_q
+                    self._posterior, self._rows(X_q), self._residuals(y_q), noise_q
                 )
         return self._posterior
 
@@ -709,7 +743,7 @@ class WiskiGP(
         if isinstance(posterior, GridPosterior):
             return posterior
         with torch.no_grad():
-            grid = self._statistics.to_grid(sparse=self.structured)
+            grid = self._centered(self._statistics.to_grid(sparse=self.structured))
             return grid.posterior(self.kernel_root(), self.noise_variance, tol=self.love_tolerance)
 
     def _current_correction(self) -> LowRankCorrection | DataCorrection:
@@ -748,7 +782,7 @@ class WiskiGP(
                 posterior = fold_low_rank(posterior, correction.V, correction.gamma)
             else:
                 for weights, y_q, noise_q in rows:
-                    posterior = posterior.update(weights, y_q, noise_q)
+                    posterior = posterior.update(weights, self._residuals(y_q), noise_q)
         self._posterior = posterior
         self._correction = None
         self._conditioning_log = []
@@ -778,7 +812,9 @@ class WiskiGP(
         Args:
             rescale_hyperparameters: Express the noise variance (and a ``ScaleKernel``'s
                 output scale) in the new units, so that only the prior mean (zero in the
-                new standardised space) changes. False keeps their values.
+                new standardised space) changes. False keeps their values. A learned
+                constant mean (``mean_module``) is always carried over, so with it the
+                model is unchanged.
 
         Returns:
             The model itself. Learned (homoskedastic) noise only: grid statistics with
@@ -818,6 +854,8 @@ class WiskiGP(
             new_std = torch.where(new_std >= transform._min_stdv, new_std, torch.ones_like(new_std))
             alpha, beta = old_std / new_std, (old_mean - new_mean) / new_std
             self._set_statistics(statistics.affine(alpha, beta))
+            if self.mean_module is not None:  # the same prior mean in the new units
+                self.mean_module.constant = alpha * self.mean_module.constant + beta
             transform.means.fill_(new_mean)
             transform.stdvs.fill_(new_std)
             transform._stdvs_sq.fill_(new_std**2)
@@ -886,16 +924,21 @@ class WiskiGP(
         love = self.love_grid_posterior()
         if love is not None:
             # Sparse W_* times the m x k root: t x k, never t x 4^d x m.
-            mean = weights.dot(love.mean)
+            mean = self._plus_prior_mean(weights.dot(love.mean))
             root = weights.matmul(love.root)
             root = root.expand(*mean.shape, root.shape[-1])  # shared by the outputs
             return MultivariateNormal(mean, RootLinearOperator(root))
         mean, positive, negative = self._current_correction().predict_factors(posterior, weights)
+        mean = self._plus_prior_mean(mean)
         # Variances from the factors, the dense t x t matrix only when asked for (joint
         # samples, Cholesky); a LinearOperator also defers factorisation to whoever needs
         # it (samplers add jitter as required).
         covar = PosteriorCovariance(positive, negative, batch_shape=mean.shape[:-1])
         return MultivariateNormal(mean, covar)
+
+    def _plus_prior_mean(self, mean: Tensor) -> Tensor:
+        prior_mean = self._prior_mean()
+        return mean if prior_mean is None else mean + prior_mean
 
     # -------------------------------------------------------------- updates
     def observe(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> WiskiGP:
@@ -937,7 +980,7 @@ class WiskiGP(
         self._fold_conditioning()
         with torch.no_grad():
             statistics = self._statistics.add(weights, y, noise)
-            posterior = self._updated_posterior(weights, y, noise, statistics)
+            posterior = self._updated_posterior(weights, self._residuals(y), noise, statistics)
         self._posterior = posterior
         self._switch_space_if_needed(statistics)
         return self
@@ -960,7 +1003,9 @@ class WiskiGP(
         with torch.no_grad():
             posterior = self.exact_posterior()
             noise = self.noise_variance.detach().expand(y.shape[-1:])
-            self._correction = self._current_correction().condition(posterior, weights, y, noise)
+            self._correction = self._current_correction().condition(
+                posterior, weights, self._residuals(y), noise
+            )
         # A new list: views made earlier share the old one.
         self._conditioning_log = [*self._conditioning_log, (X_t, y, noise)]
         if self._correction.rank >= self.FOLD_RANK:
@@ -1030,7 +1075,9 @@ class WiskiGP(
         posterior = self.exact_posterior()
         y = self._targets(Y_t)
         noise_q = self._row_noise(conditioning_noise(noise, self, X))
-        correction = self._current_correction().condition(posterior, self._rows(X_t), y, noise_q)
+        correction = self._current_correction().condition(
+            posterior, self._rows(X_t), self._residuals(y), noise_q
+        )
         new = self._view()
         new._correction = correction
         new._conditioning_log = [*self._conditioning_log, (X_t, y, noise_q)]
