@@ -21,7 +21,8 @@ and vs cumulative time, time per step vs step).
 ``<function>_wiski_g<g>/``, labelled ``wiski_g<g>``), so grids can be compared side by side:
 e.g. ``--models wiski --wiski-grid-size 16`` next to the default runs (issue 19's table).
 ``--wiski-restandardize`` re-estimates WISKI's outcome standardisation from all data at
-each refit with ``SingleTaskGP``'s unscaled kernel, i.e. ``SingleTaskGP``'s model on a grid
+each refit with ``SingleTaskGP``'s unscaled kernel and learned constant mean, i.e.
+``SingleTaskGP``'s model on a grid
 (``WiskiSurrogate(restandardize=True)``; label suffix ``_restd``).
 ``--summarize-only`` runs nothing and rewrites the summary and figures from the runs under
 ``--out`` (e.g. after runs of different lengths were resumed separately).
