@@ -39,7 +39,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from streamgp.loops.bo import TEST_FUNCTIONS
+from streamgp.loops.bo import PAPER_FUNCTIONS, TEST_FUNCTIONS
 from streamgp.loops.experiments import run_bo_experiment, summarize
 from streamgp.plotting import plot_bo
 from streamgp.utils.machine import machine_info
@@ -54,7 +54,7 @@ def _read_run(path: Path) -> pd.DataFrame:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--functions", default=",".join(TEST_FUNCTIONS))
+    parser.add_argument("--functions", default=",".join(PAPER_FUNCTIONS))
     parser.add_argument("--models", default="wiski,exact")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--trials", type=int, default=1)

@@ -37,15 +37,13 @@ import pandas as pd
 import torch
 from botorch.utils.transforms import unnormalize
 
-from streamgp.loops.bo import make_test_function
+from streamgp.loops.bo import PAPER_FUNCTIONS, make_test_function
 from streamgp.loops.stream import regression_metrics
 from streamgp.loops.surrogates import make_surrogate
 from streamgp.utils.machine import machine_info
 
 DIM = 3
 NUM_TEST = 4096
-#: The WISKI paper's noisy 3-D BO functions (appendix C.2).
-SIX_FUNCTIONS = ("levy", "ackley", "styblinskitang", "rastrigin", "griewank", "michalewicz")
 
 
 def _models(grid_sizes: list[int]) -> dict[str, tuple[str, dict]]:
@@ -101,7 +99,7 @@ def run(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--functions", default=",".join(SIX_FUNCTIONS))
+    parser.add_argument("--functions", default=",".join(PAPER_FUNCTIONS))
     parser.add_argument("--n", default="455,905", help="observations (BO after 150, 300 steps)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--grid-sizes", default="10,16")

@@ -265,9 +265,9 @@ class GridStatistics:
     def shift(self, beta: Tensor) -> GridStatistics:
         r"""The statistics of targets ``y + beta`` (differentiable in ``beta``, ``O(m^2)``).
 
-        As :meth:`affine` with ``alpha = 1``, for either noise model: ``A 1`` is
-        ``W^T Lambda^{-1} 1`` and ``1^T b`` is ``1^T Lambda^{-1} y`` (``W 1 = 1``), so a
-        constant prior mean is the shift of the targets by its negative.
+        For either noise model, since interpolation rows sum to one (``W 1 = 1``),
+        ``W^T Lambda^{-1} 1 = A 1`` and ``1^T Lambda^{-1} y = 1^T b``, so nothing else
+        needs keeping. A constant prior mean is the shift of the targets by its negative.
         """
         A_one = (self.A @ torch.ones_like(self.b).unsqueeze(-1)).squeeze(-1)
         b = self.b + beta * A_one
@@ -277,21 +277,18 @@ class GridStatistics:
     def affine(self, alpha: Tensor, beta: Tensor) -> GridStatistics:
         r"""The statistics of targets ``alpha y + beta`` (fixed noise ``alpha^2 lambda``).
 
-        ``O(m^2)``: with ``W 1 = 1``, ``W^T Lambda^{-1} 1 = A 1`` and
-        ``1^T Lambda^{-1} y = 1^T b``, so nothing else needs keeping.
+        ``O(m^2)``: the targets scaled by ``alpha``, then :meth:`shift` by ``beta``.
         """
-        A_one = (self.A @ torch.ones_like(self.b).unsqueeze(-1)).squeeze(-1)
-        b = alpha * self.b + beta * A_one
-        c = alpha**2 * self.c + 2 * alpha * beta * self.b.sum() + beta**2 * A_one.sum()
+        shifted = replace(self, b=alpha * self.b, c=alpha**2 * self.c).shift(beta)
         if not self.fixed_noise:  # raw sums; the learned noise is rescaled by the model
-            return replace(self, b=b, c=c)
+            return shifted
         scale = alpha**-2  # every row's precision
         return replace(
-            self,
+            shifted,
             gram=self.A * scale,
             pending=(),
-            b=b * scale,
-            c=c * scale,
+            b=shifted.b * scale,
+            c=shifted.c * scale,
             sum_log_noise=self.sum_log_noise + self.n * torch.log(alpha**2),
             sum_noise=self.sum_noise * alpha**2,
         )

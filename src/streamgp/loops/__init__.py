@@ -2,7 +2,7 @@
 
 from streamgp.loops.acquisition import AcquisitionOptions
 from streamgp.loops.active import ActiveLearningLoop
-from streamgp.loops.bo import TEST_FUNCTIONS, BayesOptLoop, make_test_function
+from streamgp.loops.bo import PAPER_FUNCTIONS, TEST_FUNCTIONS, BayesOptLoop, make_test_function
 from streamgp.loops.executors import (
     DaskExecutor,
     Executor,
@@ -28,6 +28,7 @@ from streamgp.loops.surrogates import (
 __all__ = [
     "STREAM_MODELS",
     "SURROGATES",
+    "PAPER_FUNCTIONS",
     "TEST_FUNCTIONS",
     "AcquisitionOptions",
     "ActiveLearningLoop",

@@ -52,6 +52,8 @@ TEST_FUNCTIONS: dict[str, tuple[type[SyntheticTestFunction], float]] = {
     # models without a grid (SoftKI); noise sd 0.1 of its range of about 3.3.
     "hartmann": (Hartmann, 0.1),
 }
+#: The six noisy 3-D functions of the WISKI paper's BO experiments.
+PAPER_FUNCTIONS = ("levy", "ackley", "styblinskitang", "rastrigin", "griewank", "michalewicz")
 
 
 def make_test_function(
