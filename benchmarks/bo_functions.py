@@ -24,6 +24,8 @@ e.g. ``--models wiski --wiski-grid-size 16`` next to the default runs (issue 19'
 each refit with ``SingleTaskGP``'s unscaled kernel and learned constant mean, i.e.
 ``SingleTaskGP``'s model on a grid
 (``WiskiSurrogate(restandardize=True)``; label suffix ``_restd``).
+``bo_functions_seeds.{csv,md}`` report every seed's best true value at the
+``--report-steps`` (mean ± sd over the seeds that reached each step; README's tables).
 ``--summarize-only`` runs nothing and rewrites the summary and figures from the runs under
 ``--out`` (e.g. after runs of different lengths were resumed separately).
 
@@ -40,7 +42,7 @@ import pandas as pd
 import torch
 
 from streamgp.loops.bo import PAPER_FUNCTIONS, TEST_FUNCTIONS
-from streamgp.loops.experiments import run_bo_experiment, summarize
+from streamgp.loops.experiments import run_bo_experiment, summarize, summarize_seeds
 from streamgp.plotting import plot_bo
 from streamgp.utils.machine import machine_info
 
@@ -50,6 +52,22 @@ def _read_run(path: Path) -> pd.DataFrame:
     frame = pd.read_csv(path)
     frame["model"] = path.parent.name.partition("_")[2]
     return frame
+
+
+def _seed_table(seeds: pd.DataFrame) -> str:
+    """Markdown: best true value, mean ± sd over seeds (each seed's value), per step."""
+    lines = [
+        "| function | model | step | seeds | best value, mean ± sd (per seed) | time/step (s) |",
+        "|---|---|---:|---:|---|---:|",
+    ]
+    for _, row in seeds.iterrows():
+        values = ", ".join(f"{v:.3g}" for v in row["values"])
+        spread = f"{row['mean']:.3g}" + ("" if pd.isna(row["sd"]) else f" ± {row['sd']:.2g}")
+        lines.append(
+            f"| {row['function']} | {row['model']} | {row['step']} | {row['trials']} "
+            f"| {spread} ({values}) | {row['time/step (s)']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
@@ -70,6 +88,11 @@ def main() -> None:
         "--wiski-restandardize",
         action="store_true",
         help="WISKI re-estimates its outcome standardisation at each refit",
+    )
+    parser.add_argument(
+        "--report-steps",
+        default="150,300",
+        help="steps at which bo_functions_seeds.{csv,md} report every seed's best value",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     parser.add_argument("--resume", action="store_true", help="continue from checkpoints")
@@ -136,6 +159,10 @@ def main() -> None:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     results.to_csv(args.out / "bo_functions.csv", index=False)
+    report_steps = [int(step) for step in args.report_steps.split(",") if step]
+    seeds = summarize_seeds(results, ["function", "model"], "best_value", report_steps)
+    seeds.to_csv(args.out / "bo_functions_seeds.csv", index=False)
+    (args.out / "bo_functions_seeds.md").write_text(_seed_table(seeds))
     (args.out / "bo_functions.json").write_text(json.dumps(payload, indent=2) + "\n")
     print(table.to_string(index=False, float_format="%.4g"))
 

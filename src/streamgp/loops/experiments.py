@@ -291,6 +291,62 @@ def summarize(results: pd.DataFrame, by: Sequence[str], value: str, last: int = 
     return pd.DataFrame(rows)
 
 
+def summarize_seeds(
+    results: pd.DataFrame, by: Sequence[str], value: str, steps: Sequence[int]
+) -> pd.DataFrame:
+    r"""Per group and step: ``value`` over the trials that reached that step.
+
+    BO runs differ more between seeds than between good surrogates, so a comparison
+    needs each seed's value and their spread, not only the mean (:func:`summarize`).
+    Trials that stopped before a step are left out of that step's row.
+
+    Args:
+        results: Curves with columns ``by``, ``"trial"``, ``"step"``, ``value`` and
+            ``"step_time"`` (one row per trial and step, as the loops write them).
+        by: Grouping columns (e.g. ``["function", "model"]``).
+        value: The column to report (e.g. ``"best_value"``).
+        steps: The steps to report.
+
+    Returns:
+        One row per group and step with ``trials``, ``mean``, ``sd`` (over trials,
+        ``ddof = 1``; NaN for one trial), ``values`` (per trial, in trial order) and
+        ``time/step (s)`` (mean step time of those trials up to that step).
+
+    Example:
+        >>> curves = pd.DataFrame({"model": "wiski", "trial": [0, 0, 1, 1],
+        ...     "step": [0, 1, 0, 1], "best_value": [1.0, 2.0, 1.0, 4.0],
+        ...     "step_time": [0.5, 1.0, 0.5, 3.0]})
+        >>> summarize_seeds(curves, ["model"], "best_value", [1])[["mean", "sd"]].values
+        array([[3.        , 1.41421356]])
+    """
+    missing = sorted({*by, "trial", "step", value, "step_time"} - set(results.columns))
+    if missing:
+        raise ValueError(f"results lacks the columns {missing}")
+    rows = []
+    for key, frame in results.groupby(list(by), sort=False):
+        labels = dict(zip(by, key if isinstance(key, tuple) else (key,), strict=True))
+        for step in steps:
+            reached = frame.groupby("trial")["step"].max() >= step
+            trials = reached[reached].index
+            if len(trials) == 0:
+                continue
+            kept = frame[frame["trial"].isin(trials)]
+            final = kept[kept["step"] == step].sort_values("trial")[value]
+            timed = kept[(kept["step"] > 0) & (kept["step"] <= step)]
+            rows.append(
+                {
+                    **labels,
+                    "step": int(step),
+                    "trials": len(trials),
+                    "mean": final.mean(),
+                    "sd": final.std(),
+                    "values": final.tolist(),
+                    "time/step (s)": timed["step_time"].mean(),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
 __all__ = [
     "GridTask",
     "StreamSplits",
@@ -302,4 +358,5 @@ __all__ = [
     "run_grid_task",
     "run_stream_experiment",
     "summarize",
+    "summarize_seeds",
 ]
