@@ -61,8 +61,8 @@ def _seed_table(seeds: pd.DataFrame) -> str:
         "|---|---|---:|---:|---|---:|",
     ]
     for _, row in seeds.iterrows():
-        values = ", ".join(f"{v:.3g}" for v in row["values"])
-        spread = f"{row['mean']:.3g}" + ("" if pd.isna(row["sd"]) else f" ± {row['sd']:.2g}")
+        values = ", ".join(f"{v:.4g}" for v in row["values"])
+        spread = f"{row['mean']:.4g}" + ("" if pd.isna(row["sd"]) else f" ± {row['sd']:.2g}")
         lines.append(
             f"| {row['function']} | {row['model']} | {row['step']} | {row['trials']} "
             f"| {spread} ({values}) | {row['time/step (s)']:.2f} |"
