@@ -25,7 +25,8 @@ each refit with ``SingleTaskGP``'s unscaled kernel and learned constant mean, i.
 ``SingleTaskGP``'s model on a grid
 (``WiskiSurrogate(restandardize=True)``; label suffix ``_restd``).
 ``bo_functions_seeds.{csv,md}`` report every seed's best true value at the
-``--report-steps`` (mean ± sd over the seeds that reached each step; README's tables).
+``--report-steps`` (mean ± sd and median over the seeds that reached each step; README's
+tables).
 ``--summarize-only`` runs nothing and rewrites the summary and figures from the runs under
 ``--out`` (e.g. after runs of different lengths were resumed separately).
 
@@ -55,17 +56,17 @@ def _read_run(path: Path) -> pd.DataFrame:
 
 
 def _seed_table(seeds: pd.DataFrame) -> str:
-    """Markdown: best true value, mean ± sd over seeds (each seed's value), per step."""
+    """Markdown: best true value over seeds (mean ± sd, median, each seed's), per step."""
     lines = [
-        "| function | model | step | seeds | best value, mean ± sd (per seed) | time/step (s) |",
-        "|---|---|---:|---:|---|---:|",
+        "| function | model | step | seeds | mean ± sd | median | per seed | time/step (s) |",
+        "|---|---|---:|---:|---|---:|---|---:|",
     ]
     for _, row in seeds.iterrows():
         values = ", ".join(f"{v:.4g}" for v in row["values"])
         spread = f"{row['mean']:.4g}" + ("" if pd.isna(row["sd"]) else f" ± {row['sd']:.2g}")
         lines.append(
             f"| {row['function']} | {row['model']} | {row['step']} | {row['trials']} "
-            f"| {spread} ({values}) | {row['time/step (s)']:.2f} |"
+            f"| {spread} | {row['median']:.4g} | {values} | {row['time/step (s)']:.2f} |"
         )
     return "\n".join(lines) + "\n"
 

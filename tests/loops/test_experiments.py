@@ -36,12 +36,14 @@ def test_summarize_seeds_reports_each_trial_that_reached_the_step():
     assert at_two["values"] == [2.0, 12.0, 22.0]
     assert at_two["mean"] == pytest.approx(12.0)
     assert at_two["sd"] == pytest.approx(10.0)  # ddof = 1
+    assert at_two["median"] == 12.0
     # step times of steps 1..2 of every trial: 0.1 (k + 1) s * step
     assert at_two["time/step (s)"] == pytest.approx(
         sum(0.1 * k * s for k in (1, 2, 3) for s in (1, 2)) / 6
     )
     at_four = table.loc[("wiski", 4)]
     assert at_four["trials"] == 2 and at_four["values"] == [4.0, 24.0]
+    assert at_four["median"] == pytest.approx(14.0)
     exact = table.loc[("exact", 4)]
     assert exact["trials"] == 1 and exact["mean"] == 104.0 and math.isnan(exact["sd"])
 

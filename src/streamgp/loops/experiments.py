@@ -309,7 +309,8 @@ def summarize_seeds(
 
     Returns:
         One row per group and step with ``trials``, ``mean``, ``sd`` (over trials,
-        ``ddof = 1``; NaN for one trial), ``values`` (per trial, in trial order) and
+        ``ddof = 1``; NaN for one trial), ``median`` (robust to the one trapped run
+        that often decides a BO mean), ``values`` (per trial, in trial order) and
         ``time/step (s)`` (mean step time of those trials up to that step).
 
     Example:
@@ -340,6 +341,7 @@ def summarize_seeds(
                     "trials": len(trials),
                     "mean": final.mean(),
                     "sd": final.std(),
+                    "median": final.median(),
                     "values": final.tolist(),
                     "time/step (s)": timed["step_time"].mean(),
                 }
