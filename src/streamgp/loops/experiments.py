@@ -268,6 +268,11 @@ def run_active_experiment(
     return results
 
 
+def _group_labels(by: Sequence[str], key: Any) -> dict[str, Any]:
+    """The grouping columns' values of one ``groupby`` group, by column name."""
+    return dict(zip(by, key if isinstance(key, tuple) else (key,), strict=True))
+
+
 def summarize(results: pd.DataFrame, by: Sequence[str], value: str, last: int = 10) -> pd.DataFrame:
     r"""Per group: final ``value`` (mean over trials), mean step time over the first and
     last ``last`` steps, and their ratio (a flat time per step gives ~1)."""
@@ -279,7 +284,7 @@ def summarize(results: pd.DataFrame, by: Sequence[str], value: str, last: int = 
         tail = steps[steps["step"] > final_step - last]["step_time"].mean()
         rows.append(
             {
-                **dict(zip(by, key if isinstance(key, tuple) else (key,), strict=True)),
+                **_group_labels(by, key),
                 "steps": int(final_step),
                 "observations": int(frame[frame["step"] == final_step]["num_observations"].mean()),
                 value: frame[frame["step"] == final_step][value].mean(),
@@ -325,10 +330,9 @@ def summarize_seeds(
         raise ValueError(f"results lacks the columns {missing}")
     rows = []
     for key, frame in results.groupby(list(by), sort=False):
-        labels = dict(zip(by, key if isinstance(key, tuple) else (key,), strict=True))
+        last_step = frame.groupby("trial")["step"].max()
         for step in steps:
-            reached = frame.groupby("trial")["step"].max() >= step
-            trials = reached[reached].index
+            trials = last_step.index[last_step >= step]
             if len(trials) == 0:
                 continue
             kept = frame[frame["trial"].isin(trials)]
@@ -336,7 +340,7 @@ def summarize_seeds(
             timed = kept[(kept["step"] > 0) & (kept["step"] <= step)]
             rows.append(
                 {
-                    **labels,
+                    **_group_labels(by, key),
                     "step": int(step),
                     "trials": len(trials),
                     "mean": final.mean(),
