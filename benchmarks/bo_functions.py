@@ -77,6 +77,9 @@ def main() -> None:
     parser.add_argument("--models", default="wiski,exact")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--trials", type=int, default=1)
+    parser.add_argument(
+        "--first-trial", type=int, default=0, help="seed of the first trial (adds seeds)"
+    )
     parser.add_argument("--fit-every", type=int, default=10)
     parser.add_argument("--window", type=int, default=20, help="steps averaged at each end")
     parser.add_argument(
@@ -129,6 +132,7 @@ def main() -> None:
                 acquisition="qucb",
                 steps=args.steps,
                 trials=args.trials,
+                first_trial=args.first_trial,
                 q=3,
                 fit_every=args.fit_every,
                 model_options=options,

@@ -108,6 +108,19 @@ def test_sequential_executor_gives_the_default_results(tmp_path, one_thread):
     pd.testing.assert_series_equal(resumed["step_time"], again["step_time"])
 
 
+def test_first_trial_adds_seeds_without_repeating_the_first_ones(tmp_path, one_thread):
+    grid = {**GRID, "models": ["wiski"]}
+    both = run_bo_experiment("levy", out=tmp_path / "both", **grid)
+    later = run_bo_experiment(
+        "levy", out=tmp_path / "later", **{**grid, "trials": 1}, first_trial=1
+    )
+    assert later["trial"].unique().tolist() == [1]
+    expected = both[both["trial"] == 1].reset_index(drop=True)
+    pd.testing.assert_frame_equal(numbers(later), numbers(expected))
+    with pytest.raises(ValueError, match="first_trial"):
+        run_bo_experiment("levy", **{**grid, "trials": 1}, first_trial=-1)
+
+
 def synthetic_split(seed):
     from streamgp.datasets import make_streaming_split, synthetic_regression
 

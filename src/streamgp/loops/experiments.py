@@ -34,6 +34,7 @@ from streamgp.loops.executors import Executor, GridTask, run_grid, run_grid_task
 # The streaming runner lives with its protocol (streamgp.loops.stream); it is named here
 # too, as the runner behind ``streamgp stream``.
 from streamgp.loops.stream import StreamSplits, run_stream_experiment
+from streamgp.utils.validation import check_count
 
 
 def malaria_kernel(dim: int) -> ScaleKernel:
@@ -73,6 +74,7 @@ def run_bo_experiment(
     steps: int = 100,
     max_steps: dict[str, int] | None = None,
     trials: int = 1,
+    first_trial: int = 0,
     dim: int = 3,
     noise_std: float | None = None,
     q: int = 3,
@@ -97,7 +99,10 @@ def run_bo_experiment(
         acquisition: Acquisition name.
         steps: BO steps per run.
         max_steps: Optional per-model cap on the steps (e.g. ``{"exact": 300}``).
-        trials: Seeds ``0 .. trials-1``; trial ``t`` uses the same seed for every model.
+        trials: Number of seeds; trial ``t`` uses seed ``t`` for every model.
+        first_trial: The first trial's seed: the runs are trials ``first_trial ..
+            first_trial + trials - 1``, so more seeds can be added to an experiment
+            later (in another ``out``) without repeating the ones it has.
         out: Directory for ``bo_<function>_<acquisition>.csv``, the PNG and checkpoints.
         resume: Continue runs from their checkpoints in ``out``.
         checkpoint_every: Steps between checkpoints of a run.
@@ -114,9 +119,10 @@ def run_bo_experiment(
         >>> with DaskExecutor(workers=4) as executor:  # doctest: +SKIP
         ...     run_bo_experiment("levy", trials=8, out="results", executor=executor)
     """
+    first_trial = check_count(first_trial, "first_trial", minimum=0)
     out = None if out is None else Path(out)
     tasks = []
-    for trial in range(trials):
+    for trial in range(first_trial, first_trial + trials):
         for model in models:
             name = f"bo_{function}_{acquisition}_{model}_{trial}"
             options = dict(
