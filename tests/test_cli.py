@@ -14,6 +14,7 @@ from streamgp.cli import main
         (["bo", "--steps", "0"], "expected a positive integer, got '0'"),
         (["bo", "--max-steps", "exact:3"], "expected model=N"),
         (["bo", "--acquisition", "ei"], "needs --q 1"),
+        (["bo", "--first-trial", "-1"], "expected a non-negative integer, got '-1'"),
         (["active", "--acquisitions", "qnipv,ucb"], "unknown acquisition ['ucb']"),
         (["active", "--dataset", "mars"], "unknown dataset 'mars'"),
         (["active", "--pool-batch-size", "0"], "expected a positive integer, got '0'"),
@@ -30,10 +31,11 @@ def test_argument_errors_are_clear(argv, message, capsys):
 def test_tiny_bo_run_writes_csv_and_summary(tmp_path, capsys):
     argv = "bo --function ackley --models wiski,osvgp,exact --steps 2 --grid-size 6"
     argv += " --num-inducing 8 --num-restarts 2 --raw-samples 16 --maxiter 5 --fit-max-iter 5"
-    argv += " --no-progress --no-plots --out"
+    argv += " --first-trial 3 --no-progress --no-plots --out"
     main([*argv.split(), str(tmp_path)])
     results = pd.read_csv(tmp_path / "bo_ackley_qucb.csv")
     assert set(results["model"]) == {"wiski", "osvgp", "exact"} and results["step"].max() == 2
+    assert set(results["trial"]) == {3}
     assert (tmp_path / "checkpoints").is_dir()
     assert "best_value" in capsys.readouterr().out
 

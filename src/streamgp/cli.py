@@ -81,6 +81,15 @@ def _non_negative_int(text: str) -> int:
     return _int_at_least(text, 0, "non-negative")
 
 
+def _first_trial(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--first-trial",
+        type=_non_negative_int,
+        default=0,
+        help="seed of the first trial (add trials to an earlier run)",
+    )
+
+
 def _common(parser: argparse.ArgumentParser, default_q: int, default_init: int) -> None:
     models = _choices_list(tuple(SURROGATES), "model")
     parser.add_argument(
@@ -90,7 +99,7 @@ def _common(parser: argparse.ArgumentParser, default_q: int, default_init: int) 
     parser.add_argument(
         "--max-steps", type=_max_steps, default=None, help="per-model caps, e.g. exact=300"
     )
-    parser.add_argument("--trials", type=_positive_int, default=1, help="seeds 0..trials-1")
+    parser.add_argument("--trials", type=_positive_int, default=1, help="number of seeds")
     parser.add_argument("--q", type=_positive_int, default=default_q, help="batch size")
     parser.add_argument("--num-init", type=_positive_int, default=default_init)
     parser.add_argument("--fit-every", type=int, default=1, help="refit every k steps (0: never)")
@@ -201,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     bo.add_argument("--dim", type=_positive_int, default=3)
     bo.add_argument("--noise-std", type=float, default=None, help="default: the paper's")
     _common(bo, default_q=3, default_init=5)
+    _first_trial(bo)
 
     active = commands.add_parser("active", help="active learning on the malaria atlas")
     active.add_argument(
@@ -241,12 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated, from {','.join(STREAM_MODELS)}",
     )
     stream.add_argument("--trials", type=_positive_int, default=1, help="number of trials")
-    stream.add_argument(
-        "--first-trial",
-        type=_non_negative_int,
-        default=0,
-        help="seed of the first trial (add trials to an earlier run)",
-    )
+    _first_trial(stream)
     stream.add_argument("--batch-size", type=_positive_int, default=1, help="points per step")
     stream.add_argument("--max-stream", type=_positive_int, default=None, help="cap the stream")
     stream.add_argument(
@@ -291,6 +296,7 @@ def _bo(args: argparse.Namespace) -> None:
             steps=args.steps,
             max_steps=args.max_steps,
             trials=args.trials,
+            first_trial=args.first_trial,
             dim=args.dim,
             noise_std=args.noise_std,
             q=args.q,
