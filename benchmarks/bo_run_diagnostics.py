@@ -96,7 +96,7 @@ def diagnose(path: Path, tol: float, test_points: int) -> dict:
     kernel = getattr(kernel, "base_kernel", kernel)
     X = _inputs(surrogate, state["surrogate"])
     best = state["best_value"]
-    wiski_in_data_space = X is not None and "X" not in state["surrogate"]
+    wiski_in_data_space = label.startswith("wiski") and X is not None
     row = {
         "function": function,
         "model": label,

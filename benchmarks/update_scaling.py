@@ -134,8 +134,8 @@ def main():
         for n in ns:
             t = statistics.median(times[n][1:])
             # Data-space models (n <= data_space_limit) update without any LOVE root.
-            large = kind.startswith("wiski") and models[n].structured
-            large = large and not models[n].in_data_space
+            model = models[n]
+            large = kind.startswith("wiski") and model.structured and not model.in_data_space
             rows.append(
                 {
                     "model": kind,
@@ -144,7 +144,7 @@ def main():
                     "build_s": build_s[n],
                     "dtype": args.dtype,
                     # Rank k of a large grid's LOVE root (the update costs O(m k q)).
-                    "love_rank": models[n].grid_posterior().root.shape[-1] if large else None,
+                    "love_rank": model.grid_posterior().root.shape[-1] if large else None,
                 }
             )
             print(f"{kind:>13} n={n:>8}: {1e3 * t:9.2f} ms", flush=True)

@@ -119,6 +119,8 @@ def test_first_trial_adds_seeds_without_repeating_the_first_ones(tmp_path, one_t
     pd.testing.assert_frame_equal(numbers(later), numbers(expected))
     with pytest.raises(ValueError, match="first_trial"):
         run_bo_experiment("levy", **{**grid, "trials": 1}, first_trial=-1)
+    with pytest.raises(ValueError, match="trials"):
+        run_bo_experiment("levy", **{**grid, "trials": 0})
 
 
 def synthetic_split(seed):

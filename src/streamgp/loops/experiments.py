@@ -119,7 +119,8 @@ def run_bo_experiment(
         >>> with DaskExecutor(workers=4) as executor:  # doctest: +SKIP
         ...     run_bo_experiment("levy", trials=8, out="results", executor=executor)
     """
-    first_trial = check_count(first_trial, "first_trial", minimum=0)
+    check_count(trials, "trials", minimum=1)
+    check_count(first_trial, "first_trial")
     out = None if out is None else Path(out)
     tasks = []
     for trial in range(first_trial, first_trial + trials):
@@ -336,6 +337,7 @@ def summarize_seeds(
         raise ValueError(f"results lacks the columns {missing}")
     rows = []
     for key, frame in results.groupby(list(by), sort=False):
+        labels = _group_labels(by, key)
         last_step = frame.groupby("trial")["step"].max()
         for step in steps:
             trials = last_step.index[last_step >= step]
@@ -346,7 +348,7 @@ def summarize_seeds(
             timed = kept[(kept["step"] > 0) & (kept["step"] <= step)]
             rows.append(
                 {
-                    **_group_labels(by, key),
+                    **labels,
                     "step": int(step),
                     "trials": len(trials),
                     "mean": final.mean(),
