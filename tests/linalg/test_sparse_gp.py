@@ -10,6 +10,7 @@ pseudo-observation factor itself is checked against its definition
 import pytest
 import torch
 from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
+from gpytorch.means import ConstantMean
 from oracles.sgpr import DenseQuModel, bui_bound, jittered, rel_err, titsias
 
 from streamgp.linalg import (
@@ -214,3 +215,60 @@ def test_predict_and_conditioning_match_dense_q_u_model():
     assert mean_c.shape == (4, 3, 5)
     assert rel_err(mean_c, ref_mean_c) < 1e-7
     assert rel_err(covar_c.expand_as(ref_covar_c), ref_covar_c) < 1e-7
+
+
+def test_shifted_factor_is_the_factor_of_the_residuals():
+    kernel, noise = make_kernel(), torch.tensor(0.05, dtype=DTYPE)
+    X, y = make_data(15)
+    Z = torch.rand(6, 2, dtype=DTYPE)
+    with torch.no_grad():
+        _, factor = absorb(kernel, noise, X, y, Z)
+
+    def log_t(f, u):
+        return f.log_norm - 0.5 * ((f.root.T @ u) ** 2).sum() + f.eta @ u
+
+    offset, r = torch.randn(6, dtype=DTYPE), torch.randn(6, dtype=DTYPE)
+    shifted = factor.shifted(offset)
+    assert torch.equal(shifted.root, factor.root) and torch.equal(shifted.points, Z)
+    assert abs(log_t(shifted, r) - log_t(factor, r + offset)) < 1e-10
+    back = shifted.shifted(-offset)
+    assert rel_err(back.eta, factor.eta) < 1e-12
+    assert abs(back.log_norm - factor.log_norm) < 1e-10 * abs(factor.log_norm)
+
+
+@pytest.mark.parametrize("n_first", [40, 15])
+def test_prior_mean_is_a_factor_on_actual_inducing_values(n_first):
+    """With prior GP(c, k) one batch gives Titsias on y - c, q(u) shifted by c, and the
+    factor ``N(y; c + A (u - c), s2)`` on u itself; a stream with fixed inducing points
+    equals that batch."""
+    kernel, noise, c = make_kernel(), torch.tensor(0.05, dtype=DTYPE), 3.4
+    mean = ConstantMean().to(DTYPE)
+    mean.constant = torch.tensor(c, dtype=DTYPE)
+    X, y = make_data(40)
+    y = y + 5.0
+    Z = torch.rand(9, 2, dtype=DTYPE)
+    with torch.no_grad():
+        factor = PseudoObservations.empty(Z)
+        for rows in (slice(0, n_first), slice(n_first, 40)):
+            bound, factor = streaming_collapsed_bound(
+                kernel, noise, X[rows], y[rows], Z, factor, match_points(Z, Z), JITTER, mean
+            )
+        ref_bound, m, S, K_uu = titsias(kernel, noise, X, y - c, Z, JITTER)
+        post = sparse_posterior(kernel, factor, JITTER, prior_mean=mean)
+        A = torch.linalg.solve(K_uu, kernel(Z, X).to_dense()).T  # K_fu K_uu^-1
+    assert abs(bound - ref_bound) < 1e-10 * abs(ref_bound)
+    m_post, S_post = post.q_u()
+    assert rel_err(m_post, m + c) < 1e-8 and rel_err(S_post, S) < 1e-8
+    assert rel_err(factor.root @ factor.root.T, A.T @ A / noise) < 1e-8
+    assert rel_err(factor.eta, A.T @ (y - c + c * A.sum(-1)) / noise) < 1e-8
+    # Predictions add m(X); the zero-mean algebra is unchanged.
+    Xs = torch.rand(3, 5, 2, dtype=DTYPE)
+    with torch.no_grad():
+        oracle = DenseQuModel(kernel, noise, Z, K_uu, m, S)
+        correction = LowRankCorrection.empty(9, post.whitened.mean)
+        mean_s, covar_s = predict(kernel, post, correction, Xs, prior_mean=mean)
+        ref_mean, ref_covar = oracle.latent(Xs)
+        empty = sparse_posterior(kernel, PseudoObservations.empty(Z[:0]), prior_mean=mean)
+        prior_mean, _ = predict(kernel, empty, correction, Xs, prior_mean=mean)
+    assert rel_err(mean_s, ref_mean + c) < 1e-8 and rel_err(covar_s, ref_covar) < 1e-8
+    assert torch.allclose(prior_mean, torch.full_like(prior_mean, c), rtol=0, atol=0)

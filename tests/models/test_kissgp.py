@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from types import SimpleNamespace
 
 import gpytorch
@@ -12,11 +13,13 @@ from botorch.acquisition import (
     qNegIntegratedPosteriorVariance,
     qUpperConfidenceBound,
 )
+from botorch.fit import fit_gpytorch_mll
 from botorch.models import SingleTaskGP
 from botorch.models.transforms import Normalize, Standardize
 from botorch.optim import optimize_acqf
 from botorch.sampling import SobolQMCNormalSampler
 from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
+from gpytorch.means import ConstantMean, LinearMean, ZeroMean
 from gpytorch.mlls import ExactMarginalLogLikelihood
 from linear_operator.operators import DenseLinearOperator, RootLinearOperator
 from oracles import DenseSKIModel
@@ -34,6 +37,9 @@ def target(X):
 
 
 def make_model(d, n=30, fixed_noise=False, grid=None, kernel=None, **kwargs):
+    """A KissGP with set hyperparameters; by default the zero-mean, untransformed model."""
+    kwargs.setdefault("outcome_transform", None)
+    kwargs.setdefault("mean_module", ZeroMean())
     X = torch.rand(n, d, dtype=DTYPE)
     Y = target(X) + 0.1 * torch.randn(n, 1, dtype=DTYPE)
     Yvar = 0.01 + 0.05 * torch.rand(n, 1, dtype=DTYPE) if fixed_noise else None
@@ -60,7 +66,10 @@ def oracle(model, X=None, y=None, noise=None):
     y = model.train_targets if y is None else y
     if noise is None and model.fixed_noise:
         noise = model.likelihood.noise.detach()
-    return DenseSKIModel(view, X, y, noise)
+    mean = None
+    if isinstance(model.mean_module, ConstantMean):
+        mean = model.mean_module.constant.detach().reshape(())
+    return DenseSKIModel(view, X, y, noise, mean=mean)
 
 
 def prior_variance_bound(model, Xs, tol):
@@ -93,7 +102,14 @@ def test_predictive_mean_matches_exact_gp_on_a_fine_grid_with_ard():
     X = torch.rand(300, 2, dtype=DTYPE)
     Y = torch.sin(12 * X[:, :1]) + torch.cos(3 * X[:, 1:]) + 0.05 * torch.randn(300, 1, dtype=DTYPE)
     lengthscale = torch.tensor([0.1, 0.6], dtype=DTYPE)
-    kiss = KissGP(X, Y, grid_size=50, covar_module=RBFKernel(ard_num_dims=2))
+    kiss = KissGP(
+        X,
+        Y,
+        grid_size=50,
+        covar_module=RBFKernel(ard_num_dims=2),
+        outcome_transform=None,
+        mean_module=ZeroMean(),
+    )
     kiss.base_kernel.lengthscale = lengthscale
     kiss.likelihood.noise = 0.01
     exact = SingleTaskGP(X, Y, covar_module=RBFKernel(ard_num_dims=2), outcome_transform=None)
@@ -285,6 +301,8 @@ def refit(model, X_all_t, y_all_t, noise_all=None):
         None if noise_all is None else noise_all.unsqueeze(-1),
         grid_size=model.interpolation.grid_size,
         covar_module=ScaleKernel(RBFKernel(ard_num_dims=X_all_t.shape[-1])),
+        outcome_transform=None,
+        mean_module=copy.deepcopy(model.mean_module),
     )
     new.base_kernel.load_state_dict(model.base_kernel.state_dict())
     if not model.fixed_noise:
@@ -292,9 +310,19 @@ def refit(model, X_all_t, y_all_t, noise_all=None):
     return new
 
 
+def constant_mean(c):
+    mean = ConstantMean()
+    mean.constant = c
+    return mean
+
+
+@pytest.mark.parametrize("mean", [None, 0.7])
 @pytest.mark.parametrize("fixed_noise", [False, True])
-def test_fantasize_matches_rebuilding_from_all_data(fixed_noise):
-    model = make_model(2, fixed_noise=fixed_noise)
+def test_fantasize_matches_rebuilding_from_all_data(fixed_noise, mean):
+    if mean is None:
+        model = make_model(2, fixed_noise=fixed_noise)
+    else:
+        model = make_model(2, fixed_noise=fixed_noise, mean_module=constant_mean(mean))
     Xf = torch.rand(3, 2, 2, dtype=DTYPE)  # 3 candidate batches of q = 2
     sampler = SobolQMCNormalSampler(torch.Size([4]))
     fantasy = model.fantasize(Xf, sampler=sampler)
@@ -315,8 +343,12 @@ def test_fantasize_matches_rebuilding_from_all_data(fixed_noise):
         assert (post.covariance_matrix[s, b] - ref_post.covariance_matrix).abs().max() < 1e-8
 
 
-def test_condition_then_observe_matches_rebuild_and_leaves_parent_alone():
-    model = make_model(2, outcome_transform=Standardize(1))
+@pytest.mark.parametrize("mean", [None, -0.4])
+def test_condition_then_observe_matches_rebuild_and_leaves_parent_alone(mean):
+    if mean is None:
+        model = make_model(2, outcome_transform=Standardize(1))
+    else:
+        model = make_model(2, outcome_transform=Standardize(1), mean_module=constant_mean(mean))
     Xs = torch.rand(6, 2, dtype=DTYPE)
     before = model.posterior(Xs)
     Xc = torch.rand(3, 2, dtype=DTYPE)
@@ -375,6 +407,147 @@ def test_invalid_input_raises_and_leaves_the_model_unchanged():
         )
 
 
+# ------------------------------------------------------------ prior mean, defaults
+def test_defaults_are_standardize_and_a_learned_constant_mean():
+    X = 0.4 * torch.rand(30, 1, dtype=DTYPE)
+    Y = 100 + 10 * torch.sin(6 * X)
+    far = torch.full((1, 1), 0.95, dtype=DTYPE)  # inside the grid, far from the data
+    model = KissGP(X, Y, grid_size=40)
+    assert isinstance(model.outcome_transform, Standardize)
+    assert type(model.mean_module) is ConstantMean
+    assert model.mean_module.raw_constant.requires_grad
+    model.base_kernel.lengthscale = 0.05
+    with torch.no_grad():
+        assert (model.posterior(X).mean - Y).abs().max() < 0.5
+        assert abs(model.posterior(far).mean.item() - Y.mean().item()) < 1e-6
+    # ZeroMean without a transform is the old model: no mean parameter, zero far away.
+    zero = KissGP(X, Y, grid_size=40, outcome_transform=None, mean_module=ZeroMean())
+    assert not hasattr(zero, "outcome_transform")
+    assert not any("mean_module" in name for name, _ in zero.named_parameters())
+    zero.base_kernel.lengthscale = 0.05
+    with torch.no_grad():
+        assert abs(zero.posterior(far).mean.item()) < 1e-6
+
+
+def test_defaults_match_single_task_gp_defaults_on_a_fine_grid():
+    torch.manual_seed(5)
+    X = torch.rand(100, 1, dtype=DTYPE)
+    Y = 100 + 10 * torch.sin(6 * X) + 0.5 * torch.randn(100, 1, dtype=DTYPE)
+    kiss = KissGP(X, Y, grid_size=200, covar_module=RBFKernel())
+    exact = SingleTaskGP(X, Y, covar_module=RBFKernel())  # Standardize, ConstantMean
+    for model, kernel in ((kiss, kiss.base_kernel), (exact, exact.covar_module)):
+        kernel.lengthscale = 0.2
+        model.likelihood.noise = 0.01
+        model.mean_module.constant = 0.3
+    assert torch.equal(kiss.outcome_transform.means, exact.outcome_transform.means)
+    Xs = torch.linspace(0, 1, 50, dtype=DTYPE).unsqueeze(-1)
+    with torch.no_grad():
+        got, ref = kiss.posterior(Xs.unsqueeze(-2)), exact.posterior(Xs.unsqueeze(-2))
+    scale = Y.std()
+    # Interpolation error ~1e-6; a zero constant would be off by 1e-2 (in units of scale).
+    assert (got.mean - ref.mean).abs().max() < 1e-4 * scale
+    assert (got.variance - ref.variance).abs().max() < 1e-5 * scale**2
+
+
+@pytest.mark.parametrize("fixed_noise", [False, True])
+def test_constant_mean_is_the_zero_mean_model_of_the_residuals(fixed_noise):
+    """A constant c: the ZeroMean KissGP on y - c, plus c (exact, LOVE, conditioned, MLL)."""
+    c = 0.7
+    model = make_model(2, fixed_noise=fixed_noise, mean_module=constant_mean(c))
+    X, y = model.train_inputs[0], model.train_targets
+    zero = KissGP(
+        X,
+        (y - c).unsqueeze(-1),
+        model.likelihood.noise.detach().unsqueeze(-1) if fixed_noise else None,
+        grid_size=GRID[2],
+        covar_module=copy.deepcopy(model.base_kernel),
+        outcome_transform=None,
+        mean_module=ZeroMean(),
+    )
+    if not fixed_noise:
+        zero.likelihood.noise = model.likelihood.noise.detach()
+    Xs = torch.rand(2, 12, 2, dtype=DTYPE)
+
+    def check(got, ref, oracle_latent=None):
+        assert (got.mean - (ref.mean + c)).abs().max() < 1e-8
+        assert (got.covariance_matrix - ref.covariance_matrix).abs().max() < 1e-8
+        if oracle_latent is not None:
+            mean, covar = oracle_latent
+            assert (got.mean.squeeze(-1) - mean).abs().max() < 1e-8
+            assert (got.covariance_matrix - covar).abs().max() < 1e-8
+
+    check(model.posterior(Xs), zero.posterior(Xs), oracle(model).latent(Xs))
+    # LOVE (the structured root of the residuals' grid posterior).
+    model.love_tolerance = zero.love_tolerance = 1e-6
+    with gpytorch.settings.fast_pred_var():
+        got, ref = model.posterior(Xs), zero.posterior(Xs)
+    assert isinstance(got.distribution.lazy_covariance_matrix, RootLinearOperator)
+    check(got, ref)
+    # Conditioning (fantasies): the new targets are centred too.
+    Xc = torch.rand(2, 3, 2, dtype=DTYPE)
+    Yc = torch.randn(4, 2, 3, 1, dtype=DTYPE)
+    cond = model.condition_on_observations(Xc, Yc)
+    check(
+        cond.posterior(Xs),
+        zero.condition_on_observations(Xc, Yc - c).posterior(Xs),
+        oracle(model).condition_on_observations(Xc, Yc).latent(Xs),
+    )
+    # A new constant (a fit step) rebuilds the caches and replays the conditioning.
+    with torch.no_grad():
+        model.mean_module.constant = -0.2
+    expected = oracle(model).condition_on_observations(Xc, Yc).latent(Xs)
+    got = cond.posterior(Xs)
+    assert (got.mean.squeeze(-1) - expected[0]).abs().max() < 1e-8
+    assert (got.covariance_matrix - expected[1]).abs().max() < 1e-8
+    with torch.no_grad():
+        model.mean_module.constant = c
+    # The marginal likelihood (gpytorch's, through the mean module), and its gradient in c.
+    values = []
+    for gp, targets in ((model, y), (zero, y - c)):
+        gp.train()
+        mll = ExactMarginalLogLikelihood(gp.likelihood, gp)
+        with gpytorch.settings.max_cholesky_size(10_000):
+            values.append(mll(gp(*gp.train_inputs), targets))
+    assert abs(values[0].item() - values[1].item()) < 1e-8
+    values[0].backward()
+    assert model.mean_module.raw_constant.grad.abs() > 0
+
+
+def test_constant_mean_on_the_large_grid_path(structured_threshold):
+    model = make_model(3, mean_module=constant_mean(0.5))
+    assert model.structured
+    model.love_tolerance = 1e-10
+    Xs = torch.rand(15, 3, dtype=DTYPE)
+    ref = oracle(model)
+    mean, covar = ref.latent(Xs)
+    post = model.posterior(Xs)
+    assert (post.mean.squeeze(-1) - mean).abs().max() < 1e-8
+    assert (post.covariance_matrix - covar).abs().max() < 1e-8
+    Xc, Yc = torch.rand(2, 2, 3, dtype=DTYPE), torch.randn(2, 2, 1, dtype=DTYPE)
+    cond = model.condition_on_observations(Xc, Yc).posterior(Xs)
+    mean_c, covar_c = ref.condition_on_observations(Xc, Yc).latent(Xs)
+    assert (cond.mean.squeeze(-1) - mean_c).abs().max() < 1e-8
+    assert (cond.covariance_matrix - covar_c).abs().max() < 1e-8
+
+
+def test_constant_is_learned_by_fit_gpytorch_mll():
+    torch.manual_seed(0)
+    X = torch.rand(30, 1, dtype=DTYPE)
+    Y = 5 + torch.sin(6 * X) + 0.05 * torch.randn(30, 1, dtype=DTYPE)
+    model = KissGP(X, Y, grid_size=30, outcome_transform=None)
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
+    assert not model.training
+    assert abs(model.mean_module.constant.item() - 5.0) < 0.5
+    assert (model.posterior(X).mean - Y).abs().max() < 0.3
+
+
+def test_mean_module_must_be_a_constant_or_zero():
+    X = torch.rand(10, 2, dtype=DTYPE)
+    for bad in (LinearMean(2), ConstantMean(batch_shape=torch.Size([2]))):
+        with pytest.raises(ValueError, match="mean_module must be"):
+            KissGP(X, target(X), mean_module=bad)
+
+
 # ------------------------------------------------------------- acquisitions
 def test_botorch_acquisitions_optimize_under_the_switches():
     bounds = torch.tensor([[-1.0, 0.0], [1.0, 2.0]], dtype=DTYPE)
@@ -411,7 +584,12 @@ def test_float32_follows_the_data_and_agrees_with_float64():
     Xs = torch.rand(10, 2, dtype=DTYPE)
     X, Y = model.train_inputs[0], model.train_targets.unsqueeze(-1)
     model32 = KissGP(
-        X.float(), Y.float(), grid_size=GRID[2], covar_module=ScaleKernel(RBFKernel(ard_num_dims=2))
+        X.float(),
+        Y.float(),
+        grid_size=GRID[2],
+        covar_module=ScaleKernel(RBFKernel(ard_num_dims=2)),
+        outcome_transform=None,
+        mean_module=ZeroMean(),
     )
     model32.base_kernel.load_state_dict(model.base_kernel.state_dict())
     model32.likelihood.noise = 0.04

@@ -8,11 +8,14 @@ import math
 import pytest
 import torch
 from botorch.acquisition import qUpperConfidenceBound
+from botorch.fit import fit_gpytorch_mll
 from botorch.models import SingleTaskGP
+from botorch.models.transforms import Standardize
 from botorch.optim import optimize_acqf
 from gpytorch.kernels import RBFKernel, ScaleKernel
 from gpytorch.likelihoods import GaussianLikelihood
-from gpytorch.means import ConstantMean
+from gpytorch.means import ConstantMean, ZeroMean
+from gpytorch.mlls import ExactMarginalLogLikelihood
 
 from streamgp.models import LocalGP
 
@@ -58,7 +61,7 @@ def test_single_local_model_equals_exact_gp():
     X, Y = _data(40)
     modules = _modules()
     X_test = torch.rand(3, 4, 2, dtype=DT)
-    local = LocalGP(X[:25], Y[:25], w_gen=0.0, n_max=64, **modules)
+    local = LocalGP(X[:25], Y[:25], w_gen=0.0, n_max=64, outcome_transform=None, **modules)
     local.observe(X[25:], Y[25:])
     assert local.num_local_models == 1 and int(local.counts[0]) == 40
     exact = _exact(X, Y, modules)
@@ -76,7 +79,7 @@ def test_single_local_model_equals_exact_gp():
 def test_n_max_respected_oldest_points_dropped():
     X, Y = _data(30, d=1)
     modules = _modules()
-    local = LocalGP(X[:5], Y[:5], w_gen=0.0, n_max=10, **modules)
+    local = LocalGP(X[:5], Y[:5], w_gen=0.0, n_max=10, outcome_transform=None, **modules)
     for start in range(5, 30, 5):
         local.observe(X[start : start + 5], Y[start : start + 5])
     assert local.num_local_models == 1 and int(local.counts[0]) == 10
@@ -95,7 +98,9 @@ def _two_region_model(num_nearest: int):
     modules = _modules(lengthscale=0.1)
     X = torch.tensor([[0.0], [0.05], [1.0], [0.95], [0.02], [1.02]], dtype=DT)
     Y = torch.sin(3 * X)
-    local = LocalGP(X, Y, w_gen=0.5, n_max=10, num_nearest=num_nearest, **modules)
+    local = LocalGP(
+        X, Y, w_gen=0.5, n_max=10, num_nearest=num_nearest, outcome_transform=None, **modules
+    )
     return local, modules, X, Y
 
 
@@ -135,7 +140,7 @@ def test_top_m_experts_joint_posterior_matches_formula_with_many_local_models():
     # K > M, so test points share all, some or none of their M local models.
     X, Y = _data(80, d=1, seed=3)
     modules = _modules(lengthscale=0.1)
-    local = LocalGP(X, Y, w_gen=0.8, n_max=30, num_nearest=2, **modules)
+    local = LocalGP(X, Y, w_gen=0.8, n_max=30, num_nearest=2, outcome_transform=None, **modules)
     K = local.num_local_models
     assert K > 3
     X_test = torch.linspace(-0.1, 1.1, 9, dtype=DT).unsqueeze(-1)
@@ -156,7 +161,15 @@ def test_top_m_experts_joint_posterior_matches_formula_with_many_local_models():
 
 def test_posterior_batches_and_acquisition():
     X, Y = _data(60, d=2)
-    local = LocalGP(X, Y, w_gen=0.6, n_max=15, num_nearest=2, **_modules(lengthscale=0.2))
+    local = LocalGP(
+        X,
+        Y,
+        w_gen=0.6,
+        n_max=15,
+        num_nearest=2,
+        outcome_transform=None,
+        **_modules(lengthscale=0.2),
+    )
     assert local.num_local_models > 2 and int(local.counts.max()) <= 15
     with torch.no_grad():
         posterior = local.posterior(torch.rand(4, 3, 5, 2, dtype=DT))
@@ -197,7 +210,9 @@ def test_empty_model_predicts_prior_and_transforms():
     )
     scaled.observe(10 * X[12:], Y_raw[12:])
     mu, sd = Y_raw[:12].mean(), Y_raw[:12].std()
-    plain = LocalGP(X[:12], (Y_raw[:12] - mu) / sd, w_gen=0.5, n_max=8, **_modules())
+    plain = LocalGP(
+        X[:12], (Y_raw[:12] - mu) / sd, w_gen=0.5, n_max=8, outcome_transform=None, **_modules()
+    )
     plain.observe(X[12:], (Y_raw[12:] - mu) / sd)
     X_test = torch.rand(2, 3, 1, dtype=DT)
     with torch.no_grad():
@@ -256,3 +271,25 @@ def test_pickle_drops_factor_cache_and_predicts_the_same():
         after = _joint(restored.posterior(X_test))
     for a, b in zip(before, after, strict=True):
         assert torch.allclose(a, b, atol=1e-12)
+
+
+# ------------------------------------------------------- defaults and the prior mean
+def test_defaults_are_standardize_and_a_constant_mean_learned_by_fit_gpytorch_mll():
+    X, Y = _data(60, d=1)
+    model = LocalGP(X, 100 + 10 * Y, w_gen=0.3, n_max=30)
+    assert isinstance(model.outcome_transform, Standardize)
+    assert type(model.mean_module) is ConstantMean
+    far = torch.full((1, 1), 20.0, dtype=DT)
+    with torch.no_grad():
+        assert abs(model.posterior(far).mean.item() - (100 + 10 * Y).mean().item()) < 1e-6
+    zero = LocalGP(X, 100 + 10 * Y, outcome_transform=None, mean_module=ZeroMean())
+    assert not hasattr(zero, "outcome_transform")
+    assert not any("mean_module" in name for name, _ in zero.named_parameters())
+    with torch.no_grad():
+        assert abs(zero.posterior(far).mean.item()) < 1e-6
+    # The constant is a hyperparameter of the local marginal likelihoods.
+    raw = LocalGP(X, Y + 5.0, w_gen=0.3, n_max=30, outcome_transform=None)
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(raw.likelihood, raw))
+    assert abs(raw.mean_module.constant.item() - 5.0) < 0.5
+    with torch.no_grad():
+        assert (raw.posterior(X).mean - (Y + 5.0)).abs().max() < 0.5

@@ -20,6 +20,7 @@ from botorch.sampling import SobolQMCNormalSampler
 from gpytorch.constraints import GreaterThan
 from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
 from gpytorch.likelihoods import GaussianLikelihood
+from gpytorch.means import ConstantMean, LinearMean, ZeroMean
 from gpytorch.mlls import ExactMarginalLogLikelihood
 
 from streamgp.linalg.grid_kernel import cholesky_with_jitter, point_kernel_root
@@ -57,7 +58,12 @@ def likelihood():
 
 
 def frozen(X, Y, Z, *, matern=False, Yvar=None, **kwargs):
-    """An OnlineSoftKIGP with given points, temperature and hyperparameters (no pretraining)."""
+    """An OnlineSoftKIGP with given points, temperature and hyperparameters (no pretraining).
+
+    Zero mean on raw targets (what the dense oracles compute) unless told otherwise.
+    """
+    kwargs.setdefault("outcome_transform", None)
+    kwargs.setdefault("mean_module", ZeroMean())
     return OnlineSoftKIGP(
         X,
         Y,
@@ -134,6 +140,8 @@ def test_observe_in_batches_equals_one_model_of_all_data_and_batch_softki(top_k)
             likelihood=likelihood(),
             covar_module=kernel(),
             input_transform=Normalize(D, bounds=BOUNDS),
+            outcome_transform=None,
+            mean_module=ZeroMean(),
             inducing_points=model.inducing_points,
             temperature=TEMPERATURE,
         )
@@ -256,6 +264,8 @@ def test_pretraining_learns_points_and_keep_data_refit_equals_a_rebuild():
         X[:60],
         Y[:60],
         input_transform=Normalize(D, bounds=BOUNDS),
+        outcome_transform=None,
+        mean_module=ZeroMean(),
         num_inducing=12,
         pretrain_epochs=2,
         pretrain_options={"batch_size": 30, "seed": 0},
@@ -265,6 +275,8 @@ def test_pretraining_learns_points_and_keep_data_refit_equals_a_rebuild():
         X[:60],
         Y[:60],
         input_transform=Normalize(D, bounds=BOUNDS),
+        outcome_transform=None,
+        mean_module=ZeroMean(),
         num_inducing=12,
         pretrain_epochs=0,
     )
@@ -282,6 +294,8 @@ def test_pretraining_learns_points_and_keep_data_refit_equals_a_rebuild():
         likelihood=copy.deepcopy(model.likelihood),
         covar_module=copy.deepcopy(model.covar_module),
         input_transform=Normalize(D, bounds=BOUNDS),
+        outcome_transform=None,
+        mean_module=ZeroMean(),
         inducing_points=model.inducing_points,
         temperature=model.temperature.item(),
         pretrain_epochs=0,
@@ -429,6 +443,8 @@ def test_bad_input_raises_naming_the_argument_and_leaves_the_model_unchanged():
         ({"keep_data": 1}, TypeError, "keep_data"),
         ({"covar_module": 3}, TypeError, "covar_module"),
         ({"likelihood": "noise"}, TypeError, "likelihood"),
+        ({"mean_module": LinearMean(D).to(DTYPE)}, ValueError, "mean_module"),
+        ({"mean_module": ConstantMean(batch_shape=torch.Size([2]))}, ValueError, "mean_module"),
         (
             {"train_X": torch.rand(0, 3, dtype=DTYPE), "train_Y": torch.rand(0, 1, dtype=DTYPE)},
             ValueError,
@@ -482,6 +498,8 @@ def test_known_noise_pretrains_at_the_mean_variance_and_weights_rows_by_their_ow
         Y[:40],
         train_Yvar=Yvar[:40],
         input_transform=Normalize(D, bounds=BOUNDS),
+        outcome_transform=None,
+        mean_module=ZeroMean(),
         num_inducing=10,
         pretrain_epochs=1,
         pretrain_options={"batch_size": 20, "seed": 0},
@@ -491,3 +509,222 @@ def test_known_noise_pretrains_at_the_mean_variance_and_weights_rows_by_their_ow
         model.observe(X[:1], Y[:1])
     _, _, mll = dense(model, normalized(X), Y.squeeze(-1), normalized(X[:2]), Yvar.squeeze(-1))
     torch.testing.assert_close(model.fit_objective()[0], mll, atol=1e-8, rtol=0)
+
+
+# ------------------------------------------------------------ the constant prior mean
+MEAN = 1.7
+
+
+def constant_mean(value=MEAN):
+    mean = ConstantMean().to(DTYPE)
+    mean.constant = torch.tensor(value, dtype=DTYPE)  # a float would pass through float32
+    return mean
+
+
+def assert_shifted(with_mean, shifted, Xs, constant=MEAN):
+    """``with_mean`` is ``shifted`` (a zero-mean model of ``y - constant``) plus the constant."""
+    a, b = with_mean.posterior(Xs), shifted.posterior(Xs)
+    torch.testing.assert_close(a.mean, b.mean + constant, atol=1e-10, rtol=0)
+    torch.testing.assert_close(a.covariance_matrix, b.covariance_matrix, atol=1e-10, rtol=0)
+
+
+def assert_same_mll(a, b, atol=1e-10):
+    torch.testing.assert_close(a.fit_objective()[0], b.fit_objective()[0], atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("known_noise", [False, True])
+def test_constant_mean_is_the_shift_of_the_targets_through_the_stream(known_noise):
+    """W 1 = 1: the model with mean c on y is the zero-mean model on y - c, plus c."""
+    X, Y = make_data(100)
+    Yvar = 0.005 + 0.02 * torch.rand(100, 1, dtype=DTYPE) if known_noise else None
+    Z = torch.rand(16, D, dtype=DTYPE)
+    Xs = make_data(6)[0]
+
+    def rows(start, stop):
+        return (X[start:stop], Y[start:stop]), None if Yvar is None else Yvar[start:stop]
+
+    (X0, Y0), V0 = rows(0, 30)
+    with_mean = frozen(X0, Y0, Z, Yvar=V0, mean_module=constant_mean())
+    shifted = frozen(X0, Y0 - MEAN, Z, Yvar=V0)
+    assert_shifted(with_mean, shifted, Xs)
+    assert_same_mll(with_mean, shifted)
+    for start, stop in [(30, 31), (31, 36), (36, 100)]:  # root updates, then a refactorisation
+        with_mean.posterior(Xs), shifted.posterior(Xs)
+        (Xq, Yq), Vq = rows(start, stop)
+        with_mean.observe(Xq, Yq, Vq)
+        shifted.observe(Xq, Yq - MEAN, Vq)
+        assert_shifted(with_mean, shifted, Xs)
+        assert_same_mll(with_mean, shifted)
+    # The dense closed form of y - c, plus c.
+    noise = None if Yvar is None else Yvar.squeeze(-1)
+    mean, covar, mll = dense(with_mean, normalized(X), Y.squeeze(-1) - MEAN, normalized(Xs), noise)
+    post = with_mean.posterior(Xs)
+    torch.testing.assert_close(post.mean.squeeze(-1), mean + MEAN, atol=1e-8, rtol=0)
+    torch.testing.assert_close(post.covariance_matrix, covar, atol=1e-8, rtol=0)
+    torch.testing.assert_close(with_mean.fit_objective()[0], mll, atol=1e-8, rtol=0)
+    # Conditioning and batched fantasy targets: residuals y - c.
+    X_q = make_data(2)[0]
+    Y_q = torch.randn(4, 2, 1, dtype=DTYPE)
+    noise_q = None if Yvar is None else torch.full((2, 1), 0.01, dtype=DTYPE)
+    assert_shifted(
+        with_mean.condition_on_observations(X_q, Y_q, noise=noise_q),
+        shifted.condition_on_observations(X_q, Y_q - MEAN, noise=noise_q),
+        Xs,
+    )
+    if not known_noise:  # SoftKI's own QR path with the same constant
+        batch = SoftKIGP(
+            X,
+            Y,
+            likelihood=likelihood(),
+            covar_module=kernel(),
+            input_transform=Normalize(D, bounds=BOUNDS),
+            outcome_transform=None,
+            mean_module=constant_mean(),
+            inducing_points=Z,
+            temperature=TEMPERATURE,
+        )
+        assert_same_posterior(with_mean, batch, Xs)
+        assert_same_mll(with_mean, batch, atol=1e-8)
+
+
+@pytest.mark.parametrize("known_noise", [False, True])
+def test_constant_mean_gradient_matches_finite_differences(known_noise):
+    X, Y = make_data(50)
+    Yvar = 0.005 + 0.02 * torch.rand(50, 1, dtype=DTYPE) if known_noise else None
+    model = frozen(X[:20], Y[:20], torch.rand(12, D, dtype=DTYPE), mean_module=constant_mean())
+    if known_noise:
+        model = frozen(
+            X[:20], Y[:20], model.inducing_points, Yvar=Yvar[:20], mean_module=constant_mean()
+        )
+    model.observe(X[20:], Y[20:], None if Yvar is None else Yvar[20:])
+    mean = model.mean_module
+    (grad,) = torch.autograd.grad(model.fit_objective()[0], mean.raw_constant)
+    step = 1e-5
+    values = []
+    for sign in (1, -1):
+        with torch.no_grad():
+            mean.constant = torch.tensor(MEAN + sign * step, dtype=DTYPE)
+            values.append(model.fit_objective()[0])
+    fd = (values[0] - values[1]) / (2 * step)
+    torch.testing.assert_close(grad, fd.reshape(grad.shape), rtol=1e-6, atol=1e-9)
+    assert grad.abs() > 1.0  # a real signal, not a vacuous zero
+
+
+def test_defaults_are_standardize_and_a_learned_constant_mean():
+    """SingleTaskGP's defaults: raw targets like 100 + 10 sin are predicted, not ~0."""
+    X = make_data(120)[0]
+    f = lambda X: 100 + 10 * torch.sin(3 * X).sum(-1, keepdim=True)  # noqa: E731
+    model = OnlineSoftKIGP(
+        X[:80],
+        f(X[:80]),
+        input_transform=Normalize(D, bounds=BOUNDS),
+        num_inducing=16,
+        pretrain_epochs=2,
+        pretrain_options={"batch_size": 40, "seed": 0},
+    )
+    assert isinstance(model.outcome_transform, Standardize)
+    assert type(model.mean_module) is ConstantMean
+    assert model.mean_module.constant.item() != 0.0  # the pretraining learned it
+    assert "mean_module.raw_constant" in model.state_dict()
+    assert not model.is_data_key("mean_module.raw_constant")  # a hyperparameter
+    model.observe(X[80:], f(X[80:]))
+    Xs = make_data(20)[0]
+    assert (model.posterior(Xs).mean - f(Xs)).abs().max() < 10
+
+
+def test_zero_mean_is_the_model_without_a_mean():
+    X, Y = make_data(50)
+    Z = torch.rand(12, D, dtype=DTYPE)
+    zero, at_zero = frozen(X, Y, Z), frozen(X, Y, Z, mean_module=constant_mean(0.0))
+    assert type(zero.mean_module) is ZeroMean and zero._prior_mean() is None
+    assert not any(name.startswith("mean_module") for name, _ in zero.named_parameters())
+    Xs = make_data(5)[0]
+    assert_same_posterior(zero, at_zero, Xs, atol=1e-12)
+    assert_same_mll(zero, at_zero, atol=1e-12)
+    pretrained = OnlineSoftKIGP(
+        X,
+        Y,
+        mean_module=ZeroMean(),
+        outcome_transform=None,
+        num_inducing=10,
+        pretrain_epochs=1,
+        pretrain_options={"batch_size": 25, "seed": 0},
+    )
+    assert type(pretrained.mean_module) is ZeroMean and pretrained._prior_mean() is None
+
+
+def test_pretraining_online_refits_and_refit_points_learn_the_constant():
+    """A large offset, no transform: every fit moves the constant towards the data."""
+    X, Y = make_data(120)
+    Y = Y + 20.0
+    options = {
+        "input_transform": Normalize(D, bounds=BOUNDS),
+        "outcome_transform": None,
+        "num_inducing": 12,
+        "keep_data": True,
+    }
+    pretrained = OnlineSoftKIGP(
+        X[:60],
+        Y[:60],
+        pretrain_epochs=10,
+        pretrain_options={"batch_size": 30, "lr": 0.3, "seed": 0},
+        **options,
+    )
+    assert pretrained.mean_module.constant.item() > 2.0  # Adam, at most ~lr per step
+    model = OnlineSoftKIGP(X[:60], Y[:60], pretrain_epochs=0, **options)
+    assert model.mean_module.constant.item() == 0.0
+    model.refit_points(num_epochs=10, batch_size=30, lr=0.3, seed=0)
+    assert model.mean_module.constant.item() > 2.0
+    model.observe(X[60:], Y[60:])
+    Z, T = model.inducing_points.clone(), model.temperature.clone()
+    fit_gpytorch_mll(
+        ExactMarginalLogLikelihood(model.likelihood, model),
+        optimizer_kwargs={"options": {"maxiter": 40}},
+    )
+    assert abs(model.mean_module.constant.item() - Y.mean().item()) < 2.0
+    assert torch.equal(model.inducing_points, Z) and torch.equal(model.temperature, T)
+    Xs = make_data(10)[0]
+    assert (model.posterior(Xs).mean - target(Xs) - 20.0).abs().max() < 5.0  # not ~0
+
+
+def test_restandardize_moves_the_constant_with_the_standardisation():
+    """``alpha y + beta``: the constant becomes ``alpha c + beta``; the model is unchanged."""
+    X, Y = make_data(60)
+    Y = 3.0 + 2.0 * Y
+    model = frozen(
+        X[:10],
+        Y[:10],
+        torch.rand(12, D, dtype=DTYPE),
+        keep_data=True,
+        outcome_transform=Standardize(1),
+        mean_module=constant_mean(0.4),
+    )
+    model.observe(X[10:], Y[10:])
+    Xs = make_data(6)[0]
+    before = model.posterior(Xs)
+    before_mean, before_covar = before.mean.detach(), before.covariance_matrix.detach()
+    old_mean, old_std = model.outcome_transform.means.item(), model.outcome_transform.stdvs.item()
+    model.restandardize()
+    alpha = old_std / Y.std().item()
+    beta = (old_mean - Y.mean().item()) / Y.std().item()
+    assert model.mean_module.constant.item() == pytest.approx(alpha * 0.4 + beta, abs=1e-12)
+    after = model.posterior(Xs)
+    torch.testing.assert_close(after.mean, before_mean, atol=1e-9, rtol=0)
+    torch.testing.assert_close(after.covariance_matrix, before_covar, atol=1e-9, rtol=0)
+
+
+def test_constant_mean_survives_warm_start_and_checkpoint():
+    X, Y = make_data(60)
+    Z = torch.rand(10, D, dtype=DTYPE)
+    model = frozen(X[:40], Y[:40], Z, mean_module=constant_mean())
+    model.observe(X[40:], Y[40:])
+    other_X, other_Y = make_data(17)
+    warm = frozen(other_X, other_Y, Z, mean_module=ConstantMean())
+    warm.load_state_dict(model.state_dict())  # the hyperparameters, not the data
+    assert warm.mean_module.constant.item() == MEAN and warm.num_train == 17
+    resumed = frozen(other_X, other_Y, Z, mean_module=ConstantMean())
+    resumed.restore(model.checkpoint())
+    assert resumed.mean_module.constant.item() == MEAN
+    Xs = make_data(5)[0]
+    pa, pb = model.posterior(Xs), resumed.posterior(Xs)
+    assert torch.equal(pa.mean, pb.mean) and torch.equal(pa.variance, pb.variance)

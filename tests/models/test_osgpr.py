@@ -7,13 +7,16 @@ import math
 import pytest
 import torch
 from botorch.acquisition import qKnowledgeGradient, qNegIntegratedPosteriorVariance
+from botorch.fit import fit_gpytorch_mll
 from botorch.models import SingleTaskGP
 from botorch.models.transforms import Normalize, Standardize
 from botorch.optim import optimize_acqf
 from botorch.sampling import SobolQMCNormalSampler
 from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
 from gpytorch.likelihoods import GaussianLikelihood
-from oracles.sgpr import DenseQuModel, bui_bound, rel_err, titsias
+from gpytorch.means import ConstantMean, LinearMean, ZeroMean
+from gpytorch.mlls import ExactMarginalLogLikelihood
+from oracles.sgpr import DenseQuModel, bui_bound, jittered, log_normal, rel_err, titsias
 
 from streamgp.inducing import InducingPointSelector, OnlineInducingPointSelector
 from streamgp.mlls import OnlineSGPRBound
@@ -38,9 +41,12 @@ def scaled_kernel(d: int, kind: str = "rbf"):
 
 
 def make_model(X, Y, Z=None, d: int = 2, kernel=None, **kwargs) -> OnlineSGPR:
+    """A model with fixed hyperparameters; zero mean and no transform unless given."""
     likelihood = GaussianLikelihood().to(DTYPE)
     likelihood.noise = 0.04
     kwargs.setdefault("jitter", JITTER)
+    kwargs.setdefault("outcome_transform", None)
+    kwargs.setdefault("mean_module", ZeroMean())
     kernel = scaled_kernel(d) if kernel is None else kernel
     return OnlineSGPR(X, Y, inducing_points=Z, covar_module=kernel, likelihood=likelihood, **kwargs)
 
@@ -366,6 +372,8 @@ def test_state_dict_resumes_stream_and_float32_close_to_float64():
         inducing_points=X[:10].float(),
         covar_module=scaled_kernel(2).float(),
         likelihood=likelihood,
+        outcome_transform=None,
+        mean_module=ZeroMean(),
     )
     model32.observe(X[20:].float(), Y[20:].float())
     model64.observe(X[20:], Y[20:])
@@ -487,3 +495,232 @@ def test_conditioned_view_has_its_own_selector_and_random_stream():
     assert selector.num_inducing == count and model.num_inducing == count
     assert view.inducing_selector.num_inducing == view.num_inducing > count
     assert view.inducing_selector.kernel is selector.kernel  # a fork, same kernel module
+
+
+# ------------------------------------------------------------------ prior mean
+def _mean(kind: str, d: int = 2):
+    """A fixed, non-trivial prior mean: a constant or a linear function."""
+    if kind == "constant":
+        mean = ConstantMean().to(DTYPE)
+        mean.constant = torch.tensor(2.7, dtype=DTYPE)
+    else:
+        mean = LinearMean(d).to(DTYPE)
+        mean.weights.data = torch.tensor([[1.5], [-0.8]], dtype=DTYPE)[:d]
+        mean.bias.data.fill_(3.1)
+    return mean
+
+
+def _value(mean, X):
+    with torch.no_grad():
+        return mean(X).unsqueeze(-1)
+
+
+@pytest.mark.parametrize("kind", ["constant", "linear"])
+def test_fixed_mean_equals_zero_mean_model_on_residuals(kind):
+    """Prior GP(m, k) = zero-mean model fitted on y - m(X), plus m: the stream, the
+    bound, predictions and conditioning, with inducing sets that move (b != a)."""
+    X, Y = make_data(60)
+    mean = _mean(kind)
+    model = make_model(X[:20], Y[:20], num_inducing=12, mean_module=mean, seed=5)
+    residual = make_model(X[:20], Y[:20] - _value(mean, X[:20]), num_inducing=12, seed=5)
+    for start in range(20, 60, 10):
+        rows = slice(start, start + 10)
+        model.observe(X[rows], Y[rows])
+        residual.observe(X[rows], Y[rows] - _value(mean, X[rows]))
+    assert torch.equal(model.inducing_points, residual.inducing_points)
+    assert not torch.equal(model.pseudo_eta, residual.pseudo_eta)  # a factor on u, not u - m
+    assert abs(model.last_bound.item() - residual.last_bound.item()) < 1e-10 * abs(
+        residual.last_bound.item()
+    )
+    Xs = torch.rand(3, 5, 2, dtype=DTYPE)
+    for noise in (False, True):
+        p = model.posterior(Xs, observation_noise=noise)
+        ref = residual.posterior(Xs, observation_noise=noise)
+        assert rel_err(p.mean, ref.mean + _value(mean, Xs)) < 1e-10
+        assert rel_err(p.covariance_matrix, ref.covariance_matrix) < 1e-10
+    # Conditioning and fantasies: the targets are residuals too.
+    X_c, Y_c = _fantasy_inputs()
+    cond = model.condition_on_observations(X_c, Y_c)
+    cond_ref = residual.condition_on_observations(X_c, Y_c - _value(mean, X_c))
+    p, ref = cond.posterior(Xs), cond_ref.posterior(Xs)
+    assert rel_err(p.mean, ref.mean + _value(mean, Xs)) < 1e-10
+    assert rel_err(p.covariance_matrix, ref.covariance_matrix) < 1e-10
+    fantasy = model.fantasize(X_c, _sampler(4))
+    assert fantasy.batch_shape == torch.Size([4, 3])
+
+
+def test_constant_mean_with_inducing_points_at_all_inputs_equals_exact_gp():
+    X, Y = make_data(25)
+    Y = Y + 5.0
+    mean = _mean("constant")
+    model = make_model(X, Y, Z=X, mean_module=mean)
+    gp = SingleTaskGP(
+        X, Y, covar_module=scaled_kernel(2), mean_module=_mean("constant"), outcome_transform=None
+    )
+    gp.likelihood.noise = model.likelihood.noise.detach()
+    gp.eval()
+    Xs = torch.rand(3, 6, 2, dtype=DTYPE)
+    for noise in (False, True):
+        p, ref = (
+            model.posterior(Xs, observation_noise=noise),
+            gp.posterior(Xs, observation_noise=noise),
+        )
+        assert rel_err(p.mean, ref.mean) < 1e-7
+        assert rel_err(p.covariance_matrix, ref.covariance_matrix) < 1e-7
+    far = model.posterior(torch.full((1, 2), 50.0, dtype=DTYPE))  # prior there: the constant
+    assert abs(far.mean.item() - 2.7) < 1e-12
+
+
+def test_constant_mean_streaming_with_fixed_inducing_points_equals_batch_sgpr():
+    X, Y = make_data(60)
+    Y = Y + 4.0
+    Z = torch.rand(12, 2, dtype=DTYPE)
+    model = make_model(
+        X[:15], Y[:15], Z=Z, mean_module=_mean("constant"), new_inducing_fraction=0.0
+    )
+    for start in range(15, 60, 9):
+        model.observe(X[start : start + 9], Y[start : start + 9])
+    noise = model.noise_variance.detach()
+    with torch.no_grad():
+        bound, m, S, K_uu = titsias(model.covar_module, noise, X, Y.squeeze(-1) - 2.7, Z, JITTER)
+    assert abs(model.last_bound.item() - bound.item()) < 1e-9 * abs(bound.item())
+    m_model, S_model = model.sparse_posterior().q_u()
+    assert rel_err(m_model, m + 2.7) < 1e-9 and rel_err(S_model, S) < 1e-9
+    Xs = torch.rand(7, 2, dtype=DTYPE)
+    oracle = DenseQuModel(model.covar_module, noise, Z, K_uu, m, S)
+    p, ref = model.posterior(Xs), oracle.posterior(Xs)
+    assert rel_err(p.mean, ref.mean + 2.7) < 1e-9
+    assert rel_err(p.covariance_matrix, ref.covariance_matrix) < 1e-9
+
+
+def test_new_constant_after_absorbing_changes_only_the_prior_of_the_summary():
+    """The summary is a factor on the actual inducing values (Bui et al.'s likelihood of
+    the old data): absorbed at c1, then a batch at c2, against a dense oracle."""
+    X, Y = make_data(40)
+    Y = Y + 3.0
+    Z = torch.rand(10, 2, dtype=DTYPE)
+    c1, c2 = 2.7, 1.9
+    model = make_model(
+        X[:20], Y[:20], Z=Z, mean_module=_mean("constant"), new_inducing_fraction=0.0
+    )
+    model.mean_module.constant = torch.tensor(c2, dtype=DTYPE)
+    model.observe(X[20:], Y[20:])
+    # Dense: t_1(u) = N(y_1; c1 + A_1 (u - c1), s2) times N(y_2; c2 + A_2 (u - c2), s2)
+    # under the prior N(c2, K_uu): the residuals are y_1 - c1 - (c2 - c1) A_1 1, y_2 - c2.
+    kernel, noise = model.covar_module, model.noise_variance.detach()
+    with torch.no_grad():
+        K_uu = jittered(kernel(Z).to_dense(), JITTER)
+        K_uf = kernel(Z, X).to_dense()
+        A = torch.linalg.solve(K_uu, K_uf).mT
+        r = Y.squeeze(-1) - c2
+        r[:20] = Y[:20].squeeze(-1) - c1 - (c2 - c1) * A[:20].sum(-1)
+        Q = K_uf.mT @ torch.linalg.solve(K_uu, K_uf)
+        bound = log_normal(r, Q + noise * torch.eye(40, dtype=DTYPE))
+        bound = bound - (kernel(X, diag=True).sum() - Q.diagonal().sum()) / (2 * noise)
+        gain = torch.linalg.solve(Q + noise * torch.eye(40, dtype=DTYPE), K_uf.mT)  # (..)^-1 K_fu
+        m, S = (
+            c2 + K_uf @ torch.linalg.solve(Q + noise * torch.eye(40, dtype=DTYPE), r),
+            (K_uu - K_uf @ gain),
+        )
+    assert abs(model.last_bound.item() - bound.item()) < 1e-9 * abs(bound.item())
+    m_model, S_model = model.sparse_posterior().q_u()
+    assert rel_err(m_model, m) < 1e-9 and rel_err(S_model, S) < 1e-9
+
+
+def _constant_gradient(objective, model):
+    constant = model.mean_module.raw_constant
+    (grad,) = torch.autograd.grad(objective(), constant)
+    step = 1e-5
+    with torch.no_grad():
+        values = []
+        for sign in (1, -1):
+            constant.add_(sign * step)
+            values.append(objective().item())
+            constant.sub_(sign * step)
+    return grad.item(), (values[0] - values[1]) / (2 * step)
+
+
+def test_bound_gradient_in_the_constant_matches_finite_differences():
+    X, Y = make_data(40)
+    Y = Y + 3.0
+    model = make_model(X[:20], Y[:20], num_inducing=8, mean_module=_mean("constant"))
+    mll = OnlineSGPRBound(model.likelihood, model)
+    for objective in (lambda: model.fit_objective()[0], lambda: mll(X[20:], Y[20:])):
+        grad, finite = _constant_gradient(objective, model)
+        assert abs(grad) > 1e-3
+        assert abs(grad - finite) < 1e-6 * abs(grad)
+
+
+def test_constant_is_learned_by_observe_steps_and_fit_gpytorch_mll():
+    X, Y = make_data(60)
+    Y = Y + 5.0
+    model = make_model(
+        X[:30], Y[:30], num_inducing=10, mean_module=ConstantMean(), steps_per_batch=5, lr=0.1
+    )
+    assert model.mean_module.constant.item() > 0.4  # 5 Adam steps of 0.1 toward 5
+    before = model.mean_module.constant.item()
+    model.observe(X[30:], Y[30:])
+    assert model.mean_module.constant.item() > before + 0.4
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
+    assert abs(model.mean_module.constant.item() - 5.0) < 1.0
+    # The last batch was re-absorbed at the fitted constant.
+    fitted = model.last_bound.clone()
+    with torch.no_grad():
+        assert torch.allclose(model.fit_objective()[0], fitted, rtol=1e-10)
+
+
+def test_defaults_are_standardize_and_constant_mean():
+    X = torch.rand(40, 1, dtype=DTYPE)
+    Y = 100 + 10 * torch.sin(6 * X)
+    model = OnlineSGPR(X, Y, num_inducing=20)
+    assert isinstance(model.outcome_transform, Standardize)
+    assert type(model.mean_module) is ConstantMean
+    mean = model.posterior(X).mean
+    assert (mean - Y).abs().max() < 3.0  # not ~0, as with a zero mean on raw targets
+    assert abs(model.posterior(torch.full((1, 1), 20.0, dtype=DTYPE)).mean.item() - 100) < 3.0
+    # ZeroMean without a transform: the zero-mean model (prior mean 0, no mean parameter).
+    zero = OnlineSGPR(X, Y, num_inducing=20, outcome_transform=None, mean_module=ZeroMean())
+    assert not hasattr(zero, "outcome_transform")
+    assert not any("mean_module" in name for name, _ in zero.named_parameters())
+    assert zero.posterior(torch.full((1, 1), 20.0, dtype=DTYPE)).mean.abs().item() < 1e-6
+    empty = OnlineSGPR(X[:0], Y[:0])  # nothing to standardise: no transform
+    assert not hasattr(empty, "outcome_transform")
+
+
+def test_constant_is_a_hyperparameter_in_state_dict_warm_start_and_checkpoint():
+    X, Y = make_data(40)
+    Y = Y + 3.0
+    model = make_model(X[:20], Y[:20], num_inducing=10, mean_module=ConstantMean())
+    model.mean_module.constant = torch.tensor(2.5, dtype=DTYPE)
+    model.observe(X[20:30], Y[20:30])
+    state = model.state_dict()
+    assert "mean_module.raw_constant" in state
+    assert not model.is_data_key("mean_module.raw_constant")
+    # Checkpoint: the stream resumes bit for bit.
+    resumed = make_model(X[:5], Y[:5], num_inducing=3, mean_module=ConstantMean())
+    resumed.restore(model.checkpoint())
+    Xs = torch.rand(4, 2, dtype=DTYPE)
+    assert resumed.mean_module.constant.item() == 2.5
+    assert torch.equal(resumed.posterior(Xs).mean, model.posterior(Xs).mean)
+    # Warm start: a model on one batch with the loaded constant equals one built with it.
+    warm = make_model(X[:20], Y[:20], Z=X[:8], mean_module=ConstantMean())
+    warm.load_state_dict(state)
+    built_mean = ConstantMean().to(DTYPE)
+    built_mean.constant = torch.tensor(2.5, dtype=DTYPE)
+    built = make_model(X[:20], Y[:20], Z=X[:8], mean_module=built_mean)
+    assert rel_err(warm.posterior(Xs).mean, built.posterior(Xs).mean) < 1e-10
+    assert abs(warm.last_bound.item() - built.last_bound.item()) < 1e-10 * abs(
+        built.last_bound.item()
+    )
+
+
+def test_bad_mean_module_is_named():
+    X, Y = make_data(10)
+    cases = [
+        ("constant", TypeError, "mean_module must be None"),
+        (ConstantMean(batch_shape=torch.Size([2])), ValueError, "mean_module must map"),
+        (LinearMean(3), ValueError, "mean_module \\(LinearMean\\) fails"),
+    ]
+    for mean_module, error, match in cases:
+        with pytest.raises(error, match=match):
+            OnlineSGPR(X, Y, mean_module=mean_module)

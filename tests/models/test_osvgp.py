@@ -7,11 +7,14 @@ import math
 import pytest
 import torch
 from botorch.acquisition import qKnowledgeGradient, qNegIntegratedPosteriorVariance
+from botorch.fit import fit_gpytorch_mll
+from botorch.models.transforms import Standardize
 from botorch.optim import optimize_acqf
 from botorch.sampling import SobolQMCNormalSampler
 from gpytorch.kernels import RBFKernel, ScaleKernel
 from gpytorch.likelihoods import BernoulliLikelihood, GaussianLikelihood
-from gpytorch.means import ConstantMean
+from gpytorch.means import ConstantMean, ZeroMean
+from gpytorch.mlls import ExactMarginalLogLikelihood
 from oracles.variational import (
     collapsed_bound,
     pseudo_point_conditioning,
@@ -60,6 +63,7 @@ def _fixed_model(X, Y, Z, *, beta=1.0, lbfgs_iters=0, **kwargs) -> OnlineSVGP:
             "num_init_steps": 1,
             "num_steps": 1,
         }
+    options.update(outcome_transform=None)  # the oracles work in the units of Y
     options.update(kwargs)
     return OnlineSVGP(
         X,
@@ -496,3 +500,60 @@ def test_refine_bad_calls_raise_and_leave_model_unchanged(fitted):
     empty = OnlineSVGP(X[:0], torch.zeros(0, 1, dtype=DT), inducing_points=Z6)
     with pytest.raises(RuntimeError, match="observe data first"):
         empty.refine(1)
+
+
+# ------------------------------------------------------- defaults and the prior mean
+def test_defaults_are_standardize_and_a_learned_constant_mean():
+    gen = torch.Generator().manual_seed(2)
+    X = torch.rand(40, 1, dtype=DT, generator=gen)
+    Y = 100 + 10 * torch.sin(6 * X)
+    far = torch.full((1, 1), 20.0, dtype=DT)
+    model = OnlineSVGP(X, Y, num_inducing=12, num_init_steps=50, lr=0.05)
+    assert isinstance(model.outcome_transform, Standardize)
+    assert type(model.mean_module) is ConstantMean
+    assert model.mean_module.raw_constant.requires_grad
+    with torch.no_grad():
+        assert abs(model.posterior(far).mean.item() - 100) < 3.0  # not ~0
+    # ZeroMean without a transform: the zero-mean model on raw targets.
+    zero = OnlineSVGP(
+        X, Y, num_inducing=12, num_init_steps=0, outcome_transform=None, mean_module=ZeroMean()
+    )
+    assert not hasattr(zero, "outcome_transform")
+    assert not any("mean_module" in name for name, _ in zero.named_parameters())
+    with torch.no_grad():
+        assert abs(zero.posterior(far).mean.item()) < 1e-6
+    empty = OnlineSVGP(X[:0], Y[:0], inducing_points=Z6)  # nothing to standardise
+    assert not hasattr(empty, "outcome_transform")
+
+
+def test_bernoulli_default_is_no_transform_and_a_given_one_raises():
+    X = torch.rand(10, 1, dtype=DT)
+    labels = (X > 0.5).to(DT)
+    options = {"likelihood": BernoulliLikelihood(), "num_inducing": 4, "num_init_steps": 0}
+    assert not hasattr(OnlineSVGP(X, labels, **options), "outcome_transform")
+    assert not hasattr(
+        OnlineSVGP(X, labels, outcome_transform=None, **options), "outcome_transform"
+    )
+    with pytest.raises(ValueError, match="outcome_transform must be None"):
+        OnlineSVGP(X, labels, outcome_transform=Standardize(1), **options)
+
+
+def test_constant_is_learned_by_observe_steps_and_fit_gpytorch_mll():
+    X, Y = _toy(60)
+    Y = Y + 5.0
+    model = OnlineSVGP(
+        X[:30],
+        Y[:30],
+        num_inducing=8,
+        outcome_transform=None,
+        num_init_steps=5,
+        num_steps=5,
+        lr=0.1,
+    )
+    first = model.mean_module.constant.item()
+    assert first > 0.3  # 5 Adam steps of 0.1 toward 5
+    model.observe(X[30:], Y[30:])
+    second = model.mean_module.constant.item()
+    assert second > first + 0.2
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
+    assert model.mean_module.constant.item() > second

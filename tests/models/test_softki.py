@@ -16,6 +16,7 @@ from botorch.sampling import SobolQMCNormalSampler
 from gpytorch.constraints import GreaterThan
 from gpytorch.kernels import RBFKernel, ScaleKernel
 from gpytorch.likelihoods import GaussianLikelihood
+from gpytorch.means import ConstantMean, LinearMean, ZeroMean
 from gpytorch.mlls import ExactMarginalLogLikelihood
 
 from streamgp.linalg.grid_kernel import cholesky_with_jitter
@@ -34,6 +35,9 @@ def make_data(n, d=2, noise=0.05, dtype=DTYPE):
 
 
 def make_model(X, Y, Z, lengthscale=0.3, noise=0.01, temperature=0.1, **kwargs):
+    """A zero-mean SoftKIGP on raw targets (what the dense oracles compute) unless told."""
+    kwargs.setdefault("outcome_transform", None)
+    kwargs.setdefault("mean_module", ZeroMean())
     kernel = ScaleKernel(RBFKernel(ard_num_dims=X.shape[-1])).to(X)
     kernel.outputscale = 1.3
     kernel.base_kernel.lengthscale = lengthscale
@@ -306,6 +310,8 @@ def _same(a, b):
         ({"inducing_points": torch.rand(4, 3, dtype=DTYPE)}, ValueError, "inducing_points"),
         ({"likelihood": "noise"}, TypeError, "likelihood"),
         ({"covar_module": 3}, TypeError, "covar_module"),
+        ({"mean_module": LinearMean(2).to(DTYPE)}, ValueError, "mean_module"),
+        ({"mean_module": ConstantMean(batch_shape=torch.Size([2]))}, ValueError, "mean_module"),
     ],
 )
 def test_bad_constructor_inputs_raise(kwargs, error, match):
@@ -336,3 +342,153 @@ def test_bad_call_inputs_raise_and_leave_model_unchanged():
     with pytest.raises(ValueError, match="not finite"):
         model.fit(num_epochs=1, batch_size=10, lr=1e30)
     assert _same(state, _state(model))
+
+
+# ------------------------------------------------------------ the constant prior mean
+MEAN = 1.7
+
+
+def _with_constant(X, Y, Z, constant=MEAN, **kwargs):
+    """A SoftKIGP whose ConstantMean is fixed at ``constant`` (else as ``make_model``)."""
+    mean = ConstantMean().to(DTYPE)
+    mean.constant = torch.tensor(constant, dtype=DTYPE)  # a float would pass through float32
+    return make_model(X, Y, Z, mean_module=mean, **kwargs)
+
+
+def _assert_shifted(with_mean, shifted, Xs, constant=MEAN):
+    """``with_mean`` is ``shifted`` (a zero-mean model of ``y - constant``) plus the constant."""
+    for noise in (False, True):
+        a = with_mean.posterior(Xs, observation_noise=noise)
+        b = shifted.posterior(Xs, observation_noise=noise)
+        torch.testing.assert_close(a.mean, b.mean + constant, atol=1e-10, rtol=0)
+        torch.testing.assert_close(a.covariance_matrix, b.covariance_matrix, atol=1e-10, rtol=0)
+
+
+def test_constant_mean_is_the_shift_of_the_targets():
+    """W 1 = 1: the model with mean c on y is the zero-mean model on y - c, plus c."""
+    X, Y = make_data(60, d=3)
+    Z = torch.rand(20, 3, dtype=DTYPE)
+    with_mean, shifted = _with_constant(X, Y, Z), make_model(X, Y - MEAN, Z)
+    Xs = torch.rand(2, 5, 3, dtype=DTYPE)
+    _assert_shifted(with_mean, shifted, Xs)
+    torch.testing.assert_close(
+        with_mean.fit_objective()[0], shifted.fit_objective()[0], atol=1e-10, rtol=0
+    )
+    index = torch.arange(0, 60, 3)
+    losses = [
+        model.pseudo_loss(model.train_X_t[index], model.train_y_t[index])
+        for model in (with_mean, shifted)
+    ]
+    torch.testing.assert_close(losses[0], losses[1], atol=1e-10, rtol=0)
+    # The dense closed form of y - c, plus c.
+    mean, covar, mll = dense_oracle(with_mean, X, Y.squeeze(-1) - MEAN, Xs)
+    post = with_mean.posterior(Xs)
+    torch.testing.assert_close(post.mean.squeeze(-1), mean + MEAN, atol=1e-8, rtol=0)
+    torch.testing.assert_close(post.covariance_matrix, covar, atol=1e-8, rtol=0)
+    torch.testing.assert_close(with_mean.fit_objective()[0], mll, atol=1e-8, rtol=1e-10)
+    # Conditioning (twice) and batched fantasy targets: residuals y - c throughout.
+    X_new, Y_new = make_data(3, d=3)
+    a = with_mean.condition_on_observations(X_new, Y_new)
+    b = shifted.condition_on_observations(X_new, Y_new - MEAN)
+    _assert_shifted(a, b, Xs)
+    Y_q = torch.randn(4, 2, 1, dtype=DTYPE)
+    X_q = torch.rand(2, 3, dtype=DTYPE)
+    _assert_shifted(
+        a.condition_on_observations(X_q, Y_q), b.condition_on_observations(X_q, Y_q - MEAN), Xs[0]
+    )
+    # A new constant rebuilds the cache and replays the conditioning with it.
+    with torch.no_grad():
+        a.mean_module.constant = torch.tensor(-0.4, dtype=DTYPE)
+    c = make_model(X, Y + 0.4, Z).condition_on_observations(X_new, Y_new + 0.4)
+    _assert_shifted(a, c, Xs, constant=-0.4)
+
+
+def test_constant_mean_gradient_matches_finite_differences():
+    X, Y = make_data(50, d=2)
+    model = _with_constant(X, Y, torch.rand(15, 2, dtype=DTYPE))
+    mean = model.mean_module
+    index = torch.arange(0, 50, 2)
+
+    def objectives():
+        # The exact log marginal likelihood, and the pseudo-loss (exact in the constant).
+        probes = torch.Generator().manual_seed(0)
+        value = model.fit_objective()[0]
+        loss = model.pseudo_loss(model.train_X_t[index], model.train_y_t[index], 3, probes)
+        return value, loss
+
+    grads = [torch.autograd.grad(f, mean.raw_constant)[0] for f in objectives()]
+    step = 1e-5
+    values = []
+    for sign in (1, -1):
+        with torch.no_grad():
+            mean.constant = torch.tensor(MEAN + sign * step, dtype=DTYPE)
+            values.append(objectives())
+    for k, grad in enumerate(grads):
+        fd = (values[0][k] - values[1][k]) / (2 * step)
+        torch.testing.assert_close(grad, fd.reshape(grad.shape), rtol=1e-6, atol=1e-9)
+    assert grads[0].abs() > 1.0  # a real signal, not a vacuous zero
+
+
+def test_defaults_are_standardize_and_a_learned_constant_mean():
+    """SingleTaskGP's defaults: raw targets like 100 + 10 sin are predicted, not ~0."""
+    X = torch.rand(150, 2, dtype=DTYPE)
+    f = lambda X: 100 + 10 * torch.sin(6 * X).sum(-1, keepdim=True)  # noqa: E731
+    model = SoftKIGP(X, f(X), num_inducing=30)
+    assert isinstance(model.outcome_transform, Standardize)
+    assert type(model.mean_module) is ConstantMean
+    assert "mean_module.raw_constant" in model.state_dict()  # a hyperparameter, not data
+    assert not model.is_data_key("mean_module.raw_constant")
+    model.fit(num_epochs=5, batch_size=50, seed=0)
+    Xs = torch.rand(20, 2, dtype=DTYPE)
+    assert (model.posterior(Xs).mean - f(Xs)).abs().max() < 10
+    old = SoftKIGP(X, f(X), num_inducing=30, outcome_transform=None, mean_module=ZeroMean())
+    assert not hasattr(old, "outcome_transform")
+
+
+def test_zero_mean_is_the_model_without_a_mean():
+    X, Y = make_data(40, d=2)
+    Z = torch.rand(12, 2, dtype=DTYPE)
+    zero, at_zero = make_model(X, Y, Z), _with_constant(X, Y, Z, constant=0.0)
+    assert zero._prior_mean() is None
+    assert not any(name.startswith("mean_module") for name, _ in zero.named_parameters())
+    Xs = torch.rand(6, 2, dtype=DTYPE)
+    a, b = zero.posterior(Xs), at_zero.posterior(Xs)
+    assert torch.equal(a.mean, b.mean) and torch.equal(a.variance, b.variance)
+    assert torch.equal(zero.fit_objective()[0], at_zero.fit_objective()[0])
+    zero.fit(num_epochs=2, batch_size=20, seed=0)
+    assert type(zero.mean_module) is ZeroMean and zero._prior_mean() is None
+
+
+def test_fitting_learns_the_constant_mean():
+    """A large offset, no transform: both fits move the constant towards the data."""
+    X, Y = make_data(60, d=2)
+    Y = Y + 20.0
+    kwargs = {"num_inducing": 12, "outcome_transform": None}
+    adam = SoftKIGP(X, Y, **kwargs)
+    assert adam.mean_module.constant.item() == 0.0
+    adam.fit(num_epochs=10, batch_size=30, lr=0.3, seed=0)
+    assert adam.mean_module.constant.item() > 2.0  # Adam: at most ~lr per step, 20 steps
+    lbfgs = SoftKIGP(X, Y, **kwargs)
+    fit_gpytorch_mll(
+        ExactMarginalLogLikelihood(lbfgs.likelihood, lbfgs),
+        optimizer_kwargs={"options": {"maxiter": 40}},
+    )
+    assert abs(lbfgs.mean_module.constant.item() - Y.mean().item()) < 2.0
+    Xs = torch.rand(10, 2, dtype=DTYPE)
+    assert (lbfgs.posterior(Xs).mean - target(Xs) - 20.0).abs().max() < 1.0
+
+
+def test_constant_mean_survives_warm_start_and_checkpoint():
+    X, Y = make_data(40, d=2)
+    Z = torch.rand(10, 2, dtype=DTYPE)
+    model = _with_constant(X, Y, Z)
+    # A warm start: hyperparameters (the constant included) into a model of other data.
+    other = make_model(*make_data(25, d=2), Z=Z, mean_module=ConstantMean())
+    other.load_state_dict(model.state_dict())
+    assert other.mean_module.constant.item() == MEAN
+    assert other.train_y_t.shape == (25,)
+    restored = make_model(*make_data(40, d=2), Z=Z, mean_module=ConstantMean())
+    restored.restore(model.checkpoint())
+    Xs = torch.rand(5, 2, dtype=DTYPE)
+    a, b = model.posterior(Xs), restored.posterior(Xs)
+    assert torch.equal(a.mean, b.mean) and torch.equal(a.variance, b.variance)

@@ -18,7 +18,7 @@ from botorch.optim import optimize_acqf
 from botorch.sampling import SobolQMCNormalSampler
 from gpytorch.kernels import RBFKernel, ScaleKernel
 from gpytorch.likelihoods import BernoulliLikelihood, GaussianLikelihood
-from gpytorch.means import ConstantMean
+from gpytorch.means import ConstantMean, ZeroMean
 from gpytorch.mlls import ExactMarginalLogLikelihood, VariationalELBO
 from gpytorch.models import ApproximateGP
 from gpytorch.variational import CholeskyVariationalDistribution, UnwhitenedVariationalStrategy
@@ -51,6 +51,7 @@ def _fixed_hyperparameters_model(X, Y, Z, **kwargs) -> DecoupledSVGP:
     likelihood.noise = 0.05
     mean = ConstantMean()
     mean.constant.data.fill_(0.2)
+    kwargs.setdefault("outcome_transform", None)
     model = DecoupledSVGP(
         X,
         Y,
@@ -210,6 +211,7 @@ def test_gaussian_optimal_parameters_are_stationary():
         mean_module=model.mean_module,
         likelihood=model.likelihood,
         num_init_steps=0,
+        outcome_transform=None,
     )
     y = Y.squeeze(-1)
     value = model2.elbo(X, y)
@@ -257,11 +259,13 @@ def test_batch_and_streaming_fits_approach_exact_gp_rmse(exact_rmse):
     X, Y = _toy(200)
     X_test = torch.linspace(0, 1, 101, dtype=DT).unsqueeze(-1)
     f_test = torch.sin(6 * X_test)
-    batch = DecoupledSVGP(X, Y, max_mean_basis=64, max_covar_basis=16, num_init_steps=200)
+    # The noise level is checked in the units of Y: no outcome transform.
+    options = {"max_mean_basis": 64, "max_covar_basis": 16, "outcome_transform": None}
+    batch = DecoupledSVGP(X, Y, num_init_steps=200, **options)
     assert _rmse(batch, X_test, f_test) < 1.5 * exact_rmse
     assert 0.005 < batch.likelihood.noise.item() < 0.03  # true noise variance 0.01
 
-    stream = DecoupledSVGP(X[:40], Y[:40], max_mean_basis=64, max_covar_basis=16, basis_increment=4)
+    stream = DecoupledSVGP(X[:40], Y[:40], basis_increment=4, **options)
     for i in range(40, 200, 10):
         stream.observe(X[i : i + 10], Y[i : i + 10])
     assert stream.num_observed == 200
@@ -578,3 +582,60 @@ def test_bad_constructor_arguments():
         DecoupledSVGP(X, Y.clone().fill_(math.nan))
     with pytest.raises(ValueError, match="0/1 labels"):
         DecoupledSVGP(X, Y, likelihood=BernoulliLikelihood())
+
+
+# ------------------------------------------------------- defaults and the prior mean
+def test_defaults_are_standardize_and_a_learned_constant_mean():
+    gen = torch.Generator().manual_seed(2)
+    X = torch.rand(40, 1, dtype=DT, generator=gen)
+    Y = 100 + 10 * torch.sin(6 * X)
+    far = torch.full((1, 1), 20.0, dtype=DT)
+    options = {"max_mean_basis": 20, "max_covar_basis": 8}
+    model = DecoupledSVGP(X, Y, num_init_steps=50, **options)
+    assert isinstance(model.outcome_transform, Standardize)
+    assert type(model.mean_module) is ConstantMean
+    assert model.mean_module.raw_constant.requires_grad
+    with torch.no_grad():
+        assert (model.posterior(X).mean - Y).abs().max() < 3.0
+        assert abs(model.posterior(far).mean.item() - 100) < 3.0  # not ~0
+    # ZeroMean without a transform: the zero-mean model on raw targets.
+    zero = DecoupledSVGP(
+        X, Y, num_init_steps=0, outcome_transform=None, mean_module=ZeroMean(), **options
+    )
+    assert not hasattr(zero, "outcome_transform")
+    assert not any("mean_module" in name for name, _ in zero.named_parameters())
+    with torch.no_grad():
+        assert abs(zero.posterior(far).mean.item()) < 1e-6
+
+
+def test_bernoulli_default_is_no_transform_and_a_given_one_raises():
+    X = torch.rand(10, 1, dtype=DT)
+    labels = (X > 0.5).to(DT)
+    options = {"likelihood": BernoulliLikelihood(), "max_covar_basis": 4, "num_init_steps": 0}
+    assert not hasattr(DecoupledSVGP(X, labels, **options), "outcome_transform")
+    plain = DecoupledSVGP(X, labels, outcome_transform=None, **options)
+    assert not hasattr(plain, "outcome_transform")
+    with pytest.raises(ValueError, match="outcome_transform must be None"):
+        DecoupledSVGP(X, labels, outcome_transform=Standardize(1), **options)
+
+
+def test_constant_is_learned_by_observe_steps_and_fit_gpytorch_mll():
+    X, Y = _toy(60)
+    Y = Y + 5.0
+    model = DecoupledSVGP(
+        X[:30],
+        Y[:30],
+        max_mean_basis=16,
+        max_covar_basis=8,
+        outcome_transform=None,
+        num_init_steps=5,
+        num_steps=5,
+        lr=0.1,
+    )
+    first = model.mean_module.constant.item()
+    assert first > 0.1  # 5 (decayed) Adam steps toward 5
+    model.observe(X[30:], Y[30:])
+    second = model.mean_module.constant.item()
+    assert second > first + 0.05
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
+    assert model.mean_module.constant.item() > second

@@ -20,7 +20,8 @@ from botorch.optim import optimize_acqf
 from botorch.sampling import SobolQMCNormalSampler
 from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
 from gpytorch.likelihoods import GaussianLikelihood
-from oracles import DenseSKIModel, copy_hyperparameters, rel_err
+from gpytorch.means import ZeroMean
+from oracles import DenseSKIModel, copy_hyperparameters, rel_err, without_defaults
 
 from streamgp import WiskiGP, WoodburyMarginalLogLikelihood
 
@@ -50,7 +51,8 @@ def make_model(d: int, X, Y, Yvar=None, kernel: str = "rbf", **kwargs) -> WiskiG
         covar = ScaleKernel(RBFKernel(ard_num_dims=d))
     else:
         covar = ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=d))
-    model = WiskiGP(X, Y, Yvar, grid_size=GRID[d], covar_module=covar, **kwargs)
+    options = {**without_defaults(), **kwargs}
+    model = WiskiGP(X, Y, Yvar, grid_size=GRID[d], covar_module=covar, **options)
     # ARD lengthscales that differ per dimension catch dimension-order mistakes.
     model.covar_module.base_kernel.lengthscale = torch.tensor([0.3, 0.5, 0.7][:d], dtype=DTYPE)
     model.covar_module.outputscale = 1.3
@@ -98,7 +100,7 @@ def test_fine_grid_approaches_exact_gp():
     """Catches dimension-order mistakes that the SKI oracle would share."""
     X = torch.rand(40, 2, dtype=DTYPE)
     Y = torch.sin(6 * X[:, :1]) + torch.cos(3 * X[:, 1:])
-    model = WiskiGP(X, Y, grid_size=40)
+    model = WiskiGP(X, Y, grid_size=40, **without_defaults())
     exact = SingleTaskGP(X, Y, outcome_transform=None)
     for m in (model, exact):
         m.covar_module.lengthscale = torch.tensor([0.2, 0.5], dtype=DTYPE)
@@ -273,12 +275,13 @@ def test_transforms_frozen_after_construction():
         grid_size=14,
         input_transform=Normalize(d, bounds=bounds),
         outcome_transform=Standardize(1),
+        mean_module=ZeroMean(),
     )
     mean0, std0 = Y[:20].mean(), Y[:20].std()
     model.train()  # as fit_gpytorch_mll leaves it mid-fit: observe must still freeze
     model.observe(X[20:], Y[20:])
     Xn = (X - lo) / (hi - lo)
-    base = WiskiGP(Xn, (Y - mean0) / std0, grid_size=14)
+    base = WiskiGP(Xn, (Y - mean0) / std0, grid_size=14, **without_defaults())
     copy_hyperparameters(model, base)
     Xs = lo + (hi - lo) * torch.rand(6, d, dtype=DTYPE)
     post, ref = model.posterior(Xs), base.posterior((Xs - lo) / (hi - lo))
@@ -289,7 +292,9 @@ def test_transforms_frozen_after_construction():
 def test_fit_and_online_steps_rebuild_from_statistics():
     X, Y, _ = make_data(80, 2)
     # Softplus-constrained noise: plain torch optimizers cannot make it negative.
-    model = WiskiGP(X[:40], Y[:40], grid_size=12, likelihood=GaussianLikelihood())
+    model = WiskiGP(
+        X[:40], Y[:40], grid_size=12, likelihood=GaussianLikelihood(), outcome_transform=None
+    )
     mll = WoodburyMarginalLogLikelihood(model.likelihood, model)
     before = mll().item()
     fit_gpytorch_mll(mll)
@@ -300,7 +305,7 @@ def test_fit_and_online_steps_rebuild_from_statistics():
         optimizer.zero_grad()
         (-mll()).backward()
         optimizer.step()
-    rebuilt = WiskiGP(X, Y, grid_size=12, likelihood=GaussianLikelihood())
+    rebuilt = WiskiGP(X, Y, grid_size=12, likelihood=GaussianLikelihood(), outcome_transform=None)
     copy_hyperparameters(model, rebuilt)
     Xs = torch.rand(5, 2, dtype=DTYPE)
     assert rel_err(model.posterior(Xs).mean, rebuilt.posterior(Xs).mean) < 1e-8

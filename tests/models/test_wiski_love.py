@@ -19,7 +19,7 @@ from botorch.models.transforms import Standardize
 from botorch.sampling import SobolQMCNormalSampler
 from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
 from linear_operator.operators import DenseLinearOperator, RootLinearOperator
-from oracles import DenseSKIModel, rel_err
+from oracles import DenseSKIModel, rel_err, without_defaults
 
 import streamgp.linalg.statistics as statistics_module
 import streamgp.models.wiski as wiski_module
@@ -51,7 +51,7 @@ def make_model(d, n=30, fixed_noise=False, grid=None, **kwargs):
         Yvar,
         grid_size=grid or GRID[d],
         covar_module=ScaleKernel(RBFKernel(ard_num_dims=d)),
-        **kwargs,
+        **{**without_defaults(), **kwargs},
     )
     model.covar_module.base_kernel.lengthscale = torch.tensor([0.3, 0.5, 0.7][:d], dtype=DTYPE)
     model.covar_module.outputscale = 1.3
@@ -379,7 +379,8 @@ def test_22_cubed_grid_never_forms_a_dense_grid_matrix(monkeypatch):
     monkeypatch.setattr(wiski_module, "update_root", update_low_rank_only)
     monkeypatch.setattr(GridKernelRoot, "to_dense", unreachable)
     X = torch.rand(300, 3, dtype=DTYPE)
-    model = WiskiGP(X, target(X), grid_size=22, covar_module=ScaleKernel(RBFKernel(ard_num_dims=3)))
+    covar = ScaleKernel(RBFKernel(ard_num_dims=3))
+    model = WiskiGP(X, target(X), grid_size=22, covar_module=covar, **without_defaults())
     m = model.interpolation.num_grid
     assert m == 22**3 and model.structured
     model.covar_module.base_kernel.lengthscale = torch.tensor([0.4, 0.5, 0.6], dtype=DTYPE)

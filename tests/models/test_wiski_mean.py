@@ -12,8 +12,9 @@ from botorch.fit import fit_gpytorch_mll
 from botorch.models import SingleTaskGP
 from botorch.models.transforms import Standardize
 from gpytorch.kernels import RBFKernel, ScaleKernel
-from gpytorch.means import ConstantMean, ZeroMean
+from gpytorch.means import ConstantMean, LinearMean, ZeroMean
 from gpytorch.mlls import ExactMarginalLogLikelihood
+from oracles import without_defaults
 
 from streamgp.mlls import WoodburyMarginalLogLikelihood
 from streamgp.models import WiskiGP
@@ -33,9 +34,9 @@ def _pair(X, Y, **options):
     """The model with a constant mean, and the zero-mean model of ``Y - MEAN``."""
     mean = ConstantMean().to(DT)
     mean.constant = torch.tensor(MEAN, dtype=DT)  # a float would pass through float32
-    with_mean = WiskiGP(X, Y, grid_size=12, mean_module=mean, **options)
+    with_mean = WiskiGP(X, Y, grid_size=12, mean_module=mean, outcome_transform=None, **options)
     with_mean.likelihood.noise = 0.05  # well conditioned: the comparisons are to 1e-9
-    shifted = WiskiGP(X, Y - MEAN, grid_size=12, **options)
+    shifted = WiskiGP(X, Y - MEAN, grid_size=12, **without_defaults(), **options)
     shifted.load_state_dict(
         {k: v for k, v in with_mean.state_dict().items() if not k.startswith("mean_module")},
         strict=False,
@@ -134,16 +135,37 @@ def test_restandardize_carries_the_constant_mean():
 def test_checkpoint_keeps_the_constant_mean():
     X, Y = _data(20)
     with_mean, _ = _pair(X, Y)
-    fresh = WiskiGP(X[:2], Y[:2], grid_size=12, mean_module=ConstantMean().to(DT))
+    fresh = WiskiGP(X[:2], Y[:2], grid_size=12, outcome_transform=None)
     fresh.restore(with_mean.checkpoint())
     assert fresh.mean_module.constant.item() == pytest.approx(MEAN)
     test_X = torch.rand(4, 2, dtype=DT)
     assert torch.allclose(fresh.posterior(test_X).mean, with_mean.posterior(test_X).mean)
 
 
+def test_defaults_are_single_task_gps_and_zero_mean_is_the_old_model():
+    X, Y = _data(30)
+    model = WiskiGP(X, 50 + Y, grid_size=12)
+    assert isinstance(model.outcome_transform, Standardize)
+    assert isinstance(model.mean_module, ConstantMean)
+    assert "mean_module.raw_constant" in model.state_dict()
+    multi = WiskiGP(X, torch.cat([Y, 2 * Y], -1), grid_size=12)
+    assert multi.mean_module.constant.shape == (2,)  # one constant per output
+    zero = WiskiGP(X, Y, grid_size=12, mean_module=ZeroMean(), outcome_transform=None)
+    constant = WiskiGP(X, Y, grid_size=12, outcome_transform=None)
+    constant.mean_module.constant = 0.0
+    test_X = torch.rand(5, 2, dtype=DT)
+    torch.testing.assert_close(zero.posterior(test_X).mean, constant.posterior(test_X).mean)
+    assert not any(k.startswith("mean_module") for k in zero.state_dict())
+
+
 def test_mean_module_is_validated():
     X, Y = _data(10)
     with pytest.raises(ValueError, match="mean_module"):
-        WiskiGP(X, Y, grid_size=8, mean_module=ZeroMean())
+        WiskiGP(X, Y, grid_size=8, mean_module=LinearMean(2))
     with pytest.raises(ValueError, match="mean_module"):
-        WiskiGP(X, torch.cat([Y, Y], -1), grid_size=8, mean_module=ConstantMean())
+        WiskiGP(
+            X,
+            torch.cat([Y, Y], -1),
+            grid_size=8,
+            mean_module=ConstantMean(batch_shape=torch.Size([3])),
+        )

@@ -38,25 +38,34 @@ def inputs(n: int) -> torch.Tensor:
 
 
 def build(X, Y, Yvar=None, **kwargs):
+    # Known noise needs one variance per row for all outputs after the transform, so
+    # the fixed-noise models keep the targets unscaled.
     tf = {"input_transform": Normalize(2, bounds=BOUNDS)}
-    if Yvar is None:
-        tf["outcome_transform"] = Standardize(Y.shape[-1])
+    tf["outcome_transform"] = Standardize(Y.shape[-1]) if Yvar is None else None
     multi = WiskiGP(X, Y, Yvar, grid_size=12, **tf, **kwargs)
     singles = []
     for j in range(Y.shape[-1]):
         tf = {"input_transform": Normalize(2, bounds=BOUNDS)}
-        if Yvar is None:
-            tf["outcome_transform"] = Standardize(1)
+        tf["outcome_transform"] = Standardize(1) if Yvar is None else None
         column = None if Yvar is None else Yvar[:, j : j + 1]
         singles.append(WiskiGP(X, Y[:, j : j + 1], column, grid_size=12, **tf, **kwargs))
     return multi, singles
 
 
-def set_hyperparameters(*models):
-    for model in models:
+#: Each output's learned constant prior mean (SingleTaskGP's default, one per output).
+CONSTANTS = torch.tensor([0.4, -0.7, 1.1], dtype=DT)
+
+
+def set_hyperparameters(multi, *singles):
+    r"""Shared kernel and noise; output ``j``'s constant mean in ``multi`` and ``singles[j]``."""
+    constants = CONSTANTS[: multi.num_outputs]
+    for model in (multi, *singles):
         model.covar_module.lengthscale = torch.tensor([[0.3, 0.45]], dtype=DT)
         if not model.fixed_noise:
             model.likelihood.noise = torch.tensor([0.02], dtype=DT)
+    multi.mean_module.constant = constants
+    for constant, single in zip(constants[: len(singles)], singles, strict=True):
+        single.mean_module.constant = constant
 
 
 def assert_same_posteriors(multi, singles, X, batch=()):

@@ -14,7 +14,7 @@ pytest puts ``tests/`` on the path (``pythonpath`` in ``pyproject.toml``), so te
 ``import oracles`` (or ``from oracles.sgpr import ...``).
 """
 
-from oracles.base import DenseOracle, gaussian_conditioning, rel_err
+from oracles.base import DenseOracle, gaussian_conditioning, rel_err, without_defaults
 from oracles.joint import JointGaussianOracle
 from oracles.ski import DenseSKIModel, copy_hyperparameters
 
@@ -25,4 +25,5 @@ __all__ = [
     "copy_hyperparameters",
     "gaussian_conditioning",
     "rel_err",
+    "without_defaults",
 ]

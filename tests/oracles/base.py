@@ -6,7 +6,17 @@ import torch
 from botorch.models.model import FantasizeMixin, Model
 from botorch.posteriors.gpytorch import GPyTorchPosterior
 from gpytorch.distributions import MultivariateNormal
+from gpytorch.means import ZeroMean
 from torch import Tensor
+
+
+def without_defaults() -> dict:
+    r"""Constructor options of the bare model the dense oracles describe.
+
+    Models take ``SingleTaskGP``'s defaults (``Standardize`` and a learned constant
+    mean); the oracles model the targets as given under a zero prior mean.
+    """
+    return {"outcome_transform": None, "mean_module": ZeroMean()}
 
 
 class DenseOracle(Model, FantasizeMixin):

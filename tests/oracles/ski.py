@@ -25,12 +25,17 @@ class DenseSKIModel(DenseOracle):
         wiski: A ``WiskiGP`` whose grid, kernel and noise are used (no transforms).
         X: ``batch x n x d`` inputs; y: ``batch x n`` targets; noise: ``batch x n``
             variances, or None for the WiskiGP's (learned, differentiable) noise level.
+        mean: Optional constant prior mean ``c`` (float or 0-d tensor); default zero.
+            The posterior is then ``c`` plus the zero-mean one of ``y - c``.
     """
 
-    def __init__(self, wiski, X: Tensor, y: Tensor, noise: Tensor) -> None:
+    def __init__(
+        self, wiski, X: Tensor, y: Tensor, noise: Tensor, mean: Tensor | float | None = None
+    ) -> None:
         super().__init__()
         self.wiski = wiski
         self.X, self.y, self.noise = X, y, noise
+        self.mean = 0.0 if mean is None else mean
 
     @property
     def likelihood(self):
@@ -57,8 +62,8 @@ class DenseSKIModel(DenseOracle):
         Kxx = W @ K @ W.mT + torch.diag_embed(self._noise())
         Ksx = Ws @ K @ W.mT
         L = torch.linalg.cholesky(Kxx)
-        a = torch.cholesky_solve(self.y.unsqueeze(-1), L)
-        mean = (Ksx @ a).squeeze(-1)
+        a = torch.cholesky_solve((self.y - self.mean).unsqueeze(-1), L)
+        mean = self.mean + (Ksx @ a).squeeze(-1)
         B = torch.linalg.solve_triangular(L, Ksx.mT, upper=False)
         covar = Ws @ K @ Ws.mT - B.mT @ B
         return mean, covar
@@ -68,7 +73,8 @@ class DenseSKIModel(DenseOracle):
         W = self._W(self.X)
         Kxx = W @ K @ W.mT + torch.diag_embed(self._noise())
         L = torch.linalg.cholesky(Kxx)
-        z = torch.linalg.solve_triangular(L, self.y.unsqueeze(-1), upper=False).squeeze(-1)
+        r = (self.y - self.mean).unsqueeze(-1)
+        z = torch.linalg.solve_triangular(L, r, upper=False).squeeze(-1)
         n = self.y.shape[-1]
         logdet = 2 * L.diagonal(dim1=-2, dim2=-1).log().sum(-1)
         return -0.5 * ((z * z).sum(-1) + logdet + n * math.log(2 * math.pi))
@@ -99,11 +105,12 @@ class DenseSKIModel(DenseOracle):
             ],
             -1,
         )
-        return DenseSKIModel(self.wiski, X_all, y_all, noise_all)
+        return DenseSKIModel(self.wiski, X_all, y_all, noise_all, mean=self.mean)
 
 
 def copy_hyperparameters(source, target) -> None:
-    """Copy kernel and likelihood hyperparameters (not data) between WiskiGPs."""
+    """Copy kernel, mean and likelihood hyperparameters (not data) between WiskiGPs."""
     target.covar_module.load_state_dict(source.covar_module.state_dict())
+    target.mean_module.load_state_dict(source.mean_module.state_dict())
     if not target.fixed_noise:
         target.likelihood.load_state_dict(source.likelihood.state_dict())

@@ -32,6 +32,16 @@ The optimal ``q(b)`` is ``N(L P^{-1} h, L P^{-1} L^T)`` and the new factor on ``
 ``b = a`` and fixed hyperparameters both trace terms on ``a`` vanish and the stream
 reproduces batch SGPR exactly.
 
+Prior mean. With a prior mean ``m(.)`` (a learned constant in
+:class:`~streamgp.models.OnlineSGPR`) the factor stays on the actual inducing values
+``u``: Bui et al.'s ``q_old(a) / p(a | theta_old)`` is a likelihood of the old data,
+so a new prior mean, like new kernel hyperparameters, changes the prior
+``N(m(a), K_aa)`` and not the factor. Each step works on residuals ``u - m(Z)``,
+``y - m(X)``, which have the zero-mean algebra above: the factor is translated to the
+residuals of ``a`` (:meth:`PseudoObservations.shifted`), the step runs, and the new
+factor is translated back to the actual values of ``b``. Translations have unit
+Jacobian, so the bound is unchanged by them; it is differentiable in ``m``.
+
 Jitter. Inducing values are modelled as ``u(z) = f(z) + e(z)`` with independent
 ``e ~ N(0, jitter)`` attached to each inducing point, i.e. ``K_uu = K_ZZ + jitter I``
 and ``cov(u_b, u_a) = k(b, a) + jitter [b_j is a_i]``. A point kept from one set to
@@ -48,6 +58,7 @@ conditioning reuses :class:`streamgp.linalg.woodbury.LowRankCorrection`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -90,6 +101,24 @@ class PseudoObservations:
     def num_inducing(self) -> int:
         return self.points.shape[0]
 
+    def shifted(self, offset: Tensor) -> PseudoObservations:
+        r"""The same factor as a function of ``r = u - offset``: ``r -> t(r + offset)``.
+
+        ``t(r + o) = exp(c' - 1/2 r^T G G^T r + eta'^T r)`` with
+        ``eta' = eta - G G^T o`` and ``c' = c + eta^T o - 1/2 |G^T o|^2``; the root is
+        unchanged. ``shifted(-o)`` undoes ``shifted(o)``. ``O(M r)``.
+
+        Args:
+            offset: ``M`` values ``o`` (e.g. the prior mean at the inducing points).
+        """
+        Gt_o = self.root.mT @ offset
+        return PseudoObservations(
+            points=self.points,
+            root=self.root,
+            eta=self.eta - self.root @ Gt_o,
+            log_norm=self.log_norm + self.eta @ offset - 0.5 * (Gt_o * Gt_o).sum(),
+        )
+
 
 @dataclass(frozen=True)
 class DenseWeights:
@@ -113,18 +142,36 @@ class SparsePosterior:
     Attributes:
         points: ``M x d`` inducing inputs ``Z``.
         chol: ``M x M`` Cholesky factor ``L`` of ``K_ZZ + jitter I``.
-        whitened: Posterior of ``v = L^{-1} u`` as ``N(mean, root root^T)``.
+        whitened: Posterior of the whitened residuals ``v = L^{-1} (u - m(Z))`` as
+            ``N(mean, root root^T)``.
+        prior_mean: ``M`` prior mean ``m(Z)`` of ``u`` (None: zero).
     """
 
     points: Tensor
     chol: Tensor
     whitened: GridPosterior
+    prior_mean: Tensor | None = None
 
     def q_u(self) -> tuple[Tensor, Tensor]:
         r"""Mean and covariance of ``q(u)`` in function space (for inspection and tests)."""
         L, R = self.chol, self.whitened.root
         LR = L @ R
-        return L @ self.whitened.mean, LR @ LR.mT
+        mean = L @ self.whitened.mean
+        if self.prior_mean is not None:
+            mean = mean + self.prior_mean
+        return mean, LR @ LR.mT
+
+
+#: A prior mean function: a gpytorch ``Mean`` or any callable mapping ``... x n x d``
+#: inputs to ``... x n`` values.
+PriorMean = Callable[[Tensor], Tensor]
+
+
+def _mean_at(prior_mean: PriorMean | None, X: Tensor) -> Tensor | None:
+    r"""``m(X)`` (``... x n``), or None for a zero prior mean."""
+    if prior_mean is None:
+        return None
+    return prior_mean(X).expand(X.shape[:-1])
 
 
 def inducing_cross_covariance(
@@ -183,12 +230,14 @@ def streaming_collapsed_bound(
     previous: PseudoObservations,
     shared: Tensor | None = None,
     relative_jitter: float | None = None,
+    prior_mean: PriorMean | None = None,
 ) -> tuple[Tensor, PseudoObservations]:
     r"""Collapsed streaming SGPR bound of a new batch, and the updated pseudo-observations.
 
-    Differentiable in the kernel hyperparameters, ``noise`` and ``inducing_points``
-    (the returned factor is too, though callers usually store it detached). Cost
-    ``O(M_b^2 (n + M_a) + M_b^3)``, independent of the data seen before.
+    Differentiable in the kernel hyperparameters, ``noise``, ``inducing_points`` and
+    the prior mean's parameters (the returned factor is too, though callers usually
+    store it detached). Cost ``O(M_b^2 (n + M_a) + M_b^3)``, independent of the data
+    seen before.
 
     Args:
         kernel: The gpytorch kernel under the new hyperparameters.
@@ -199,11 +248,29 @@ def streaming_collapsed_bound(
         previous: The factor of all earlier data, on the old inducing inputs ``a``.
         shared: Identity map from ``b`` to ``a`` (see :func:`inducing_cross_covariance`).
         relative_jitter: Jitter relative to ``mean(diag K_bb)``; default per dtype.
+        prior_mean: The prior mean function of ``f`` under the new hyperparameters
+            (None: zero). Both ``previous`` and the returned factor are on the actual
+            inducing values, not on residuals (see the module docstring).
 
     Returns:
         ``(F, factor)``: the bound (log-evidence approximation of all data so far)
         and the pseudo-observations on ``b`` that summarise it.
     """
+    if prior_mean is not None:
+        # The zero-mean step on residuals y - m(X), a - m(a), b - m(b).
+        m_a = _mean_at(prior_mean, previous.points)
+        m_b = _mean_at(prior_mean, inducing_points)
+        bound, factor = streaming_collapsed_bound(
+            kernel,
+            noise,
+            X,
+            y - _mean_at(prior_mean, X),
+            inducing_points,
+            previous.shifted(m_a),
+            shared=shared,
+            relative_jitter=relative_jitter,
+        )
+        return bound, factor.shifted(-m_b)
     Z, a = inducing_points, previous.points
     M = Z.shape[0]
     eye = torch.eye(M, dtype=Z.dtype, device=Z.device)
@@ -246,24 +313,34 @@ def streaming_collapsed_bound(
 
 
 def sparse_posterior(
-    kernel: Kernel, factor: PseudoObservations, relative_jitter: float | None = None
+    kernel: Kernel,
+    factor: PseudoObservations,
+    relative_jitter: float | None = None,
+    prior_mean: PriorMean | None = None,
 ) -> SparsePosterior:
     r"""The collapsed posterior ``q(u)`` implied by pseudo-observations under ``kernel``.
 
     ``P = I + (L^T G)(L^T G)^T``, whitened mean ``P^{-1} L^T eta`` and root
-    ``L_P^{-T}``. ``O(M^3)``.
+    ``L_P^{-T}``. ``O(M^3)``. With a ``prior_mean`` (None: zero), the factor on ``u``
+    is first translated to the residuals ``u - m(Z)`` (:meth:`PseudoObservations.shifted`),
+    whose posterior is the whitened one.
     """
     Z = factor.points
     M = Z.shape[0]
     eye = torch.eye(M, dtype=Z.dtype, device=Z.device)
+    m_Z = _mean_at(prior_mean, Z)
     if M == 0:
-        return SparsePosterior(Z, eye, GridPosterior(root=eye, mean=Z.new_zeros(0)))
+        return SparsePosterior(Z, eye, GridPosterior(root=eye, mean=Z.new_zeros(0)), m_Z)
+    if m_Z is not None:
+        factor = factor.shifted(m_Z)
     L, _ = cholesky_with_jitter(kernel(Z).to_dense(), relative_jitter)
     C = L.mT @ factor.root
     L_P = torch.linalg.cholesky(eye + C @ C.mT)
     root = torch.linalg.solve_triangular(L_P.mT, eye, upper=True)  # L_P^{-T}
     mean = root @ (root.mT @ (L.mT @ factor.eta))
-    return SparsePosterior(points=Z, chol=L, whitened=GridPosterior(root=root, mean=mean))
+    return SparsePosterior(
+        points=Z, chol=L, whitened=GridPosterior(root=root, mean=mean), prior_mean=m_Z
+    )
 
 
 def projection_weights(kernel: Kernel, posterior: SparsePosterior, X: Tensor) -> DenseWeights:
@@ -277,18 +354,23 @@ def predict(
     posterior: SparsePosterior,
     correction: LowRankCorrection,
     X: Tensor,
+    prior_mean: PriorMean | None = None,
 ) -> tuple[Tensor, Tensor]:
     r"""Joint predictive mean and covariance of ``f`` at ``batch x t x d`` inputs ``X``.
 
     ``K_XX - A A^T`` (the part of ``f`` not explained by ``u``) plus the whitened
-    posterior (with any conditioning correction) pushed through ``A``.
+    posterior (with any conditioning correction) pushed through ``A``, plus the prior
+    mean ``m(X)`` (None: zero; ``posterior`` must have been built with the same one).
 
     Returns:
         ``mean`` (``sample x batch x t``) and ``covariance`` (``batch x t x t``).
     """
     K_XX = kernel(X).to_dense()
     if posterior.points.shape[0] == 0:
-        return K_XX.new_zeros(K_XX.shape[:-1]), K_XX
-    A = projection_weights(kernel, posterior, X)
-    mean, covar_u = correction.predict(posterior.whitened, A)
-    return mean, K_XX - A.matrix @ A.matrix.mT + covar_u
+        mean, covar = K_XX.new_zeros(K_XX.shape[:-1]), K_XX
+    else:
+        A = projection_weights(kernel, posterior, X)
+        mean, covar_u = correction.predict(posterior.whitened, A)
+        covar = K_XX - A.matrix @ A.matrix.mT + covar_u
+    m_X = _mean_at(prior_mean, X)
+    return (mean if m_X is None else mean + m_X), covar

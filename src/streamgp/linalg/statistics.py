@@ -268,9 +268,11 @@ class GridStatistics:
         For either noise model, since interpolation rows sum to one (``W 1 = 1``),
         ``W^T Lambda^{-1} 1 = A 1`` and ``1^T Lambda^{-1} y = 1^T b``, so nothing else
         needs keeping. A constant prior mean is the shift of the targets by its negative.
+        ``beta`` is a scalar, or one shift per output (shape ``k`` for ``k x m`` ``b``).
         """
+        beta = torch.as_tensor(beta, dtype=self.b.dtype, device=self.b.device)
         A_one = (self.A @ torch.ones_like(self.b).unsqueeze(-1)).squeeze(-1)
-        b = self.b + beta * A_one
+        b = self.b + beta.unsqueeze(-1) * A_one
         c = self.c + 2 * beta * self.b.sum(-1) + beta**2 * A_one.sum(-1)
         return replace(self, b=b, c=c)
 
@@ -414,8 +416,9 @@ class DataStatistics:
         return self.y.sum(-1), (self.y * self.y).sum(-1)
 
     def shift(self, beta: Tensor) -> DataStatistics:
-        r"""The rows with targets ``y + beta``."""
-        return replace(self, y=self.y + beta)
+        r"""The rows with targets ``y + beta`` (a scalar, or one per output: shape ``k``)."""
+        beta = torch.as_tensor(beta, dtype=self.y.dtype, device=self.y.device)
+        return replace(self, y=self.y + beta.unsqueeze(-1))
 
     def affine(self, alpha: Tensor, beta: Tensor) -> DataStatistics:
         r"""The rows with targets ``alpha y + beta`` (and fixed noise ``alpha^2 lambda``)."""

@@ -60,8 +60,16 @@ per update, unlike WISKI's ``O(m^2 q)``. :meth:`KissGP.condition_on_observations
 fantasy samples.
 
 Transforms, as in :class:`~streamgp.models.WiskiGP`: an ``input_transform`` and an
-``outcome_transform`` are fitted once on the constructor's data and then frozen.
-The prior mean is zero (use ``Standardize``).
+``outcome_transform`` (default ``Standardize``, as ``SingleTaskGP``'s) are fitted once on
+the constructor's data and then frozen.
+
+Prior mean. As in ``SingleTaskGP``, the default is a learned constant ``c``
+(``ConstantMean``; pass ``ZeroMean()`` for zero). The grid-space paths work with the
+residuals: the grid posterior is that of ``y - c`` (its statistic
+``W^T Lambda^{-1} (y - c) = b - c W^T Lambda^{-1} 1``, so a new ``c`` needs no pass
+over the data), conditioning subtracts ``c`` from the new targets, and predictions add
+``c`` back. Training (gpytorch's ``ExactMarginalLogLikelihood``) uses the mean module
+directly.
 
 References:
 
@@ -90,7 +98,7 @@ from botorch.models.utils.gpytorch_modules import (
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import GridInterpolationKernel, Kernel
 from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
-from gpytorch.means import ZeroMean
+from gpytorch.means import ConstantMean, ZeroMean
 from gpytorch.models import ExactGP
 from gpytorch.settings import fast_pred_samples, fast_pred_var
 from linear_operator.operators import (
@@ -118,6 +126,7 @@ from streamgp.models.utils import (
     shallow_view,
     transform_new_data,
 )
+from streamgp.models.utils.defaults import DEFAULT, _DefaultType, mean_module_or_default
 from streamgp.models.wiski import build_grid
 from streamgp.utils.validation import (
     check_choice,
@@ -200,14 +209,18 @@ class KissGP(
         likelihood: Gaussian likelihood for the learned-noise variant; must be omitted
             with ``train_Yvar``.
         input_transform: Input transform, fitted on ``train_X`` and then frozen.
-        outcome_transform: Outcome transform, fitted on ``train_Y`` and then frozen.
+        outcome_transform: Outcome transform, fitted on ``train_Y`` (and
+            ``train_Yvar``) and then frozen. Default: ``Standardize(m=1)``, as in
+            ``SingleTaskGP``; None for no transform.
+        mean_module: The prior mean (in the outcome-transformed space): None (default)
+            for a ``ConstantMean`` learned with the kernel, as in ``SingleTaskGP``; a
+            gpytorch ``ConstantMean`` (one constant) or ``ZeroMean``.
 
     Example:
         >>> import gpytorch
-        >>> from botorch.models.transforms import Standardize
         >>> X = torch.rand(200, 2, dtype=torch.float64)
         >>> Y = torch.sin(6 * X).sum(-1, keepdim=True)
-        >>> model = KissGP(X, Y, grid_size=30, outcome_transform=Standardize(1))
+        >>> model = KissGP(X, Y, grid_size=30)  # Standardize, learned constant mean
         >>> model.love_tolerance = 1e-6
         >>> with gpytorch.settings.fast_pred_var():
         ...     var = model.posterior(torch.rand(10_000, 2, dtype=torch.float64)).variance
@@ -226,7 +239,8 @@ class KissGP(
     construct_inputs = classmethod(construct_inputs_with_options)
     #: The weighted statistics of the data (see also ``_posterior_cache``).
     cached_attributes = ("_statistics",)
-    _statistics: tuple[Tensor, Tensor] | None
+    #: ``(A, b, W^T Lambda^{-1} 1)`` of the stored data (see :meth:`weighted_statistics`).
+    _statistics: tuple[Tensor, Tensor, Tensor] | None
     _correction: LowRankCorrection | None
 
     def __init__(
@@ -236,14 +250,23 @@ class KissGP(
         train_Yvar: Tensor | None = None,
         likelihood: GaussianLikelihood | None = None,
         covar_module: Kernel | None = None,
-        outcome_transform: OutcomeTransform | None = None,
+        outcome_transform: OutcomeTransform | _DefaultType | None = DEFAULT,
         input_transform: InputTransform | None = None,
         *,
         grid_size: int | Sequence[int] | None = None,
         grid_bounds: Tensor | None = None,
         extrapolation: str = "nearest",
+        mean_module: ConstantMean | ZeroMean | None = None,
     ) -> None:
         check_grid_model_data(train_X, train_Y, train_Yvar, likelihood, allow_empty=False)
+        if mean_module is not None and not (
+            type(mean_module) is ZeroMean
+            or (type(mean_module) is ConstantMean and mean_module.constant.numel() == 1)
+        ):
+            raise ValueError(
+                "mean_module must be None (a learned constant, the default), a gpytorch "
+                f"ConstantMean with one constant, or ZeroMean; got {type(mean_module).__name__}."
+            )
         check_grid_input_transform(input_transform)
         check_choice(extrapolation, "extrapolation", EXTRAPOLATION_POLICIES)
         if isinstance(covar_module, GridInterpolationKernel):
@@ -269,7 +292,7 @@ class KissGP(
         self.interpolation, self.structured = build_grid(
             train_X, transformed_X, grid_bounds, grid_size, covar_module, self.MAX_DENSE_GRID
         )
-        self.mean_module = ZeroMean()
+        self.mean_module = mean_module_or_default(mean_module, train_X)
         self.covar_module = SKIKernel(covar_module, self.interpolation).to(**tkwargs)
         self._set_data(transformed_X, train_Y.squeeze(-1), train_Yvar)
         # Loaded buffers (e.g. the grid) may differ from those the caches were built on.
@@ -327,15 +350,32 @@ class KissGP(
             correction = LowRankCorrection.empty(posterior.root.shape[-1], self.train_targets)
             for X_q, y_q, noise_q in self._conditioning_log:
                 correction = correction.condition(
-                    posterior, self.interpolation.weights(X_q), y_q, noise_q
+                    posterior, self.interpolation.weights(X_q), self._residuals(y_q), noise_q
                 )
             self._correction = correction
 
-    def weighted_statistics(self) -> tuple[Tensor, Tensor]:
-        r"""Sparse ``A = W^T Lambda^{-1} W`` (``m x m``) and ``b = W^T Lambda^{-1} y``.
+    def _prior_mean(self) -> Tensor | None:
+        r"""The constant prior mean ``c`` (transformed space), or None for ``ZeroMean``."""
+        if isinstance(self.mean_module, ZeroMean):
+            return None
+        return self.mean_module.constant.reshape(())
 
-        Computed from the stored data in ``O(n 16^d)`` (in chunks), once per data set;
-        the learned noise is applied on each call. Without autograd.
+    def _residuals(self, y: Tensor) -> Tensor:
+        r"""Targets minus the prior mean, as the grid posterior and its corrections take them."""
+        c = self._prior_mean()
+        return y if c is None else y - c
+
+    def _plus_prior_mean(self, mean: Tensor) -> Tensor:
+        c = self._prior_mean()
+        return mean if c is None else mean + c
+
+    def weighted_statistics(self) -> tuple[Tensor, Tensor]:
+        r"""Sparse ``A = W^T Lambda^{-1} W`` (``m x m``) and ``b = W^T Lambda^{-1} (y - c)``.
+
+        ``c`` is the constant prior mean (0 for ``ZeroMean``). Computed from the stored
+        data in ``O(n 16^d)`` (in chunks), once per data set, with
+        ``W^T Lambda^{-1} 1``; the learned noise and the current ``c`` are applied on
+        each call. Without autograd.
         """
         if self._statistics is None:
             X, y = self.train_inputs[0], self.train_targets
@@ -348,6 +388,7 @@ class KissGP(
                 check_invariants=False,
             )
             b = y.new_zeros(m)
+            ones = y.new_zeros(m)  # W^T Lambda^{-1} 1: b of the constant 1
             with torch.no_grad():
                 for start in range(0, len(y), self.STATISTICS_CHUNK):
                     rows = slice(start, start + self.STATISTICS_CHUNK)
@@ -355,8 +396,12 @@ class KissGP(
                     prec = torch.ones_like(y[rows]) if precision is None else precision[rows]
                     A = (A + weights.weighted_gram(prec, sparse=True)).coalesce()
                     b = b + weights.t_matvec(prec * y[rows])
-            self._statistics = (A, b)
-        A, b = self._statistics
+                    ones = ones + weights.t_matvec(prec)
+            self._statistics = (A, b, ones)
+        A, b, ones = self._statistics
+        c = self._prior_mean()
+        if c is not None:
+            b = b - c.detach() * ones
         if self.fixed_noise:
             return A, b
         s2 = self.noise_variance.detach()
@@ -365,8 +410,10 @@ class KissGP(
     def grid_posterior(self) -> GridPosterior:
         r"""The exact posterior of the grid values (LOVE's for grids above ``MAX_DENSE_GRID``).
 
-        Rebuilt lazily from the data after ``observe`` or a hyperparameter change, and
-        detached from the hyperparameters (as gpytorch's ``detach_test_caches``).
+        Of the values minus the constant prior mean ``c`` (the residuals', as
+        :meth:`weighted_statistics`; predictions add ``c`` back). Rebuilt lazily from the
+        data after ``observe`` or a hyperparameter change (``c`` included), and detached
+        from the hyperparameters (as gpytorch's ``detach_test_caches``).
         """
         self._check_hyperparameters()
         if self.structured:
@@ -417,7 +464,7 @@ class KissGP(
 
     # ------------------------------------------------------------ prediction
     def forward(self, X: Tensor) -> MultivariateNormal:
-        r"""The SKI prior ``N(0, W K_UU W^T)`` at transformed inputs (for training)."""
+        r"""The SKI prior ``N(m(X), W K_UU W^T)`` at transformed inputs (for training)."""
         return MultivariateNormal(self.mean_module(X), self.covar_module(X))
 
     def __call__(self, *args: Any, **kwargs: Any) -> MultivariateNormal:
@@ -435,9 +482,11 @@ class KissGP(
         love = self.love_grid_posterior()
         if love is not None:
             root = weights.matmul(love.root)
-            return MultivariateNormal(weights.dot(love.mean), RootLinearOperator(root))
+            mean = self._plus_prior_mean(weights.dot(love.mean))
+            return MultivariateNormal(mean, RootLinearOperator(root))
         posterior = self.grid_posterior()
         mean, positive, negative = self._current_correction().predict_factors(posterior, weights)
+        mean = self._plus_prior_mean(mean)
         # Lazy: variances from the factors (or the cached grid covariance), the t x t
         # matrix only for joint use, as in WiskiGP.
         covar = PosteriorCovariance(positive, negative, batch_shape=mean.shape[:-1])
@@ -519,7 +568,7 @@ class KissGP(
         y = Y_t.squeeze(-1)
         noise_q = conditioning_noise(noise, self, X)
         correction = self._current_correction().condition(
-            posterior, self.interpolation.weights(X_t), y, noise_q
+            posterior, self.interpolation.weights(X_t), self._residuals(y), noise_q
         )
         new = shallow_view(self)
         new._correction = correction

@@ -55,7 +55,7 @@ from botorch.models.transforms.outcome import OutcomeTransform
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel, RBFKernel, ScaleKernel
 from gpytorch.likelihoods import GaussianLikelihood
-from gpytorch.means import ConstantMean, Mean
+from gpytorch.means import Mean
 from gpytorch.models import GP
 from linear_operator.operators import DenseLinearOperator
 from linear_operator.utils.cholesky import psd_safe_cholesky
@@ -69,6 +69,7 @@ from streamgp.models.utils import (
     invalidate_after_load,
     transform_new_data,
 )
+from streamgp.models.utils.defaults import DEFAULT, _DefaultType, mean_module_or_default
 from streamgp.utils.validation import (
     check_count,
     check_gaussian_likelihood,
@@ -89,7 +90,8 @@ class LocalGP(CachedPosteriorMixin, StreamingModelMixin, FrozenTransformsMixin, 
             if given, as BoTorch code may pass it.
         covar_module: Kernel shared by all local models. Default:
             ``ScaleKernel(RBFKernel(ard_num_dims=d))``.
-        mean_module: Prior mean shared by all local models. Default: ``ConstantMean()``.
+        mean_module: Prior mean shared by all local models. Default: a learned
+            ``ConstantMean()``, as in ``SingleTaskGP``.
         likelihood: ``GaussianLikelihood`` shared by all local models (default: a new one).
         w_gen: Similarity threshold in ``[0, 1)``: a point whose largest similarity to
             a centre is not above ``w_gen`` starts a new local model. ``w_gen = 0``
@@ -98,6 +100,7 @@ class LocalGP(CachedPosteriorMixin, StreamingModelMixin, FrozenTransformsMixin, 
         num_nearest: ``M``, the number of most similar local models averaged in a prediction.
         input_transform: Input transform, fitted on ``train_X`` and then frozen.
         outcome_transform: Outcome transform, fitted on ``train_Y`` and then frozen.
+            Default: ``Standardize(m=1)``, as in ``SingleTaskGP``; None for no transform.
 
     Hyperparameters are whatever the shared modules hold (e.g. fitted on an initial
     batch with an exact GP, as in the paper); :meth:`log_marginal_likelihood` (sum of
@@ -128,7 +131,7 @@ class LocalGP(CachedPosteriorMixin, StreamingModelMixin, FrozenTransformsMixin, 
         likelihood: GaussianLikelihood | None = None,
         covar_module: Kernel | None = None,
         mean_module: Mean | None = None,
-        outcome_transform: OutcomeTransform | None = None,
+        outcome_transform: OutcomeTransform | _DefaultType | None = DEFAULT,
         input_transform: InputTransform | None = None,
         *,
         w_gen: float = 0.5,
@@ -151,7 +154,7 @@ class LocalGP(CachedPosteriorMixin, StreamingModelMixin, FrozenTransformsMixin, 
         self.covar_module = (
             ScaleKernel(RBFKernel(ard_num_dims=dim)) if covar_module is None else covar_module
         ).to(**tkwargs)
-        self.mean_module = (ConstantMean() if mean_module is None else mean_module).to(**tkwargs)
+        self.mean_module = mean_module_or_default(mean_module, train_X)
         self.likelihood = (GaussianLikelihood() if likelihood is None else likelihood).to(**tkwargs)
         self.w_gen = float(w_gen)
         self.n_max = n_max

@@ -16,19 +16,27 @@ only seam) and whose kernel root is a dense Cholesky factor of ``K_zz``
 (:func:`~streamgp.linalg.grid_kernel.point_kernel_root`). Everything else is WISKI's
 code path, unchanged:
 
-- the model keeps only ``A = W^T Lambda^{-1} W``, ``b = W^T Lambda^{-1} y``, ``c`` and
-  ``n`` (:class:`~streamgp.linalg.statistics.GridStatistics`): ``O(m^2)`` memory at any
-  ``n``;
+- the model keeps only ``A = W^T Lambda^{-1} W``, ``b = W^T Lambda^{-1} y``,
+  ``y^T Lambda^{-1} y`` and ``n`` (:class:`~streamgp.linalg.statistics.GridStatistics`):
+  ``O(m^2)`` memory at any ``n``;
 - :meth:`~streamgp.models.WiskiGP.observe` absorbs ``q`` points in ``O(m^2 q)`` (a
   rank-``q`` root update, or a refactorisation when ``q`` is a large fraction of ``m``);
 - :meth:`~streamgp.models.WiskiGP.condition_on_observations` (BoTorch's ``fantasize``,
   qKG, qNIPV, ...) adds a rank-``q`` correction, batched over fantasies;
 - :meth:`~streamgp.models.WiskiGP.fit_objective` is the *exact* SoftKI log marginal
-  likelihood ``log N(y | 0, W K_zz W^T + Lambda)`` from the statistics in ``O(m^3)``,
+  likelihood ``log N(y | c 1, W K_zz W^T + Lambda)`` from the statistics in ``O(m^3)``,
   whatever ``n`` is, so ``fit_gpytorch_mll(ExactMarginalLogLikelihood(likelihood,
   model))`` refits the kernel and the noise at a cost independent of ``n``;
 - known observation noise (``train_Yvar``), LOVE variances, ``restandardize`` and
   ``checkpoint``/``restore`` come with it.
+
+Defaults are ``SingleTaskGP``'s: ``outcome_transform=Standardize(m=1)`` and a learned
+constant prior mean ``c`` (``mean_module``; ``ZeroMean()`` for zero). Softmax rows sum
+to one (``W 1 = 1``), so the model with mean ``c`` is exactly the zero-mean model on
+``y - c``, plus ``c`` in predictions, and the statistics of ``y - c`` follow from those
+of ``y`` (:meth:`~streamgp.linalg.statistics.GridStatistics.shift`, differentiable in
+``c``): WISKI's constant mean, unchanged. The pretraining below learns ``c`` with the
+kernel, ``fit_gpytorch_mll`` refits it, and ``restandardize`` carries it to the new units.
 
 ``Z`` and ``T`` are learned once, by SoftKI's Algorithm 1 (:meth:`SoftKIGP.fit`, the
 Hutchinson pseudo-loss) on the constructor's batch, and then frozen: the statistics
@@ -63,13 +71,20 @@ from botorch.models.transforms.outcome import OutcomeTransform, Standardize
 from gpytorch.constraints import GreaterThan
 from gpytorch.kernels import Kernel
 from gpytorch.likelihoods import GaussianLikelihood
+from gpytorch.means import Mean
 from torch import Tensor
 
 from streamgp.interpolation.grid import InterpolationWeights
 from streamgp.interpolation.softmax import DenseInterpolationWeights, softmax_interpolation
 from streamgp.linalg.grid_kernel import GridKernelRoot, point_kernel_root
 from streamgp.linalg.woodbury import GridPosterior
-from streamgp.models.softki import DEFAULT_NUM_INDUCING, SoftKIGP, check_point_options
+from streamgp.models.softki import (
+    DEFAULT_NUM_INDUCING,
+    SoftKIGP,
+    check_constant_mean,
+    check_point_options,
+)
+from streamgp.models.utils.defaults import DEFAULT, _DefaultType
 from streamgp.models.wiski import WiskiGP
 from streamgp.utils.validation import check_count, check_grid_model_data, check_kernel
 
@@ -179,8 +194,8 @@ class OnlineSoftKIGP(WiskiGP):
     on is a :class:`~streamgp.models.WiskiGP` whose interpolation is SoftKI's softmax
     onto ``Z``: ``observe`` in ``O(m^2 q)``, rank-``q`` ``condition_on_observations`` /
     ``fantasize``, the exact SoftKI marginal likelihood in ``O(m^3)`` whatever ``n``
-    (``fit_gpytorch_mll`` refits kernel and noise, never ``Z`` or ``T``), joint
-    posteriors, known noise, ``checkpoint`` / ``restore``.
+    (``fit_gpytorch_mll`` refits kernel, noise and constant mean, never ``Z`` or
+    ``T``), joint posteriors, known noise, ``checkpoint`` / ``restore``.
 
     Args:
         train_X: ``n x d`` training inputs. ``n`` may be 0 if ``inducing_points`` is
@@ -194,7 +209,14 @@ class OnlineSoftKIGP(WiskiGP):
             ``SingleTaskGP`` likelihood. Must be omitted with ``train_Yvar``.
         covar_module: Kernel of the points. Default: BoTorch's ``SingleTaskGP`` kernel.
         outcome_transform: Outcome transform, fitted on ``train_Y`` and then frozen.
+            Default: ``Standardize(m=1)``, as ``SingleTaskGP``'s (no transform when
+            ``train_Y`` is empty); None: no transform.
         input_transform: Input transform, fitted on ``train_X`` and then frozen.
+        mean_module: The prior mean, in the transformed output space. None (default): a
+            ``ConstantMean`` whose constant is learned (by the pretraining and by
+            ``fit_gpytorch_mll``), as ``SingleTaskGP``'s; ``ZeroMean()`` for a zero
+            mean; or a given (unbatched) ``ConstantMean``. Other means raise
+            ``ValueError`` (:func:`~streamgp.models.softki.check_constant_mean`).
         num_inducing: Number ``m`` of points, initialised at k-means centres of the
             transformed inputs. Default ``min(512, n)`` (SoftKI's rule; at most ``n``),
             so the first batch should be representative of the stream.
@@ -206,7 +228,8 @@ class OnlineSoftKIGP(WiskiGP):
             ``O(m^2)``. None (default): SoftKI's dense weights.
         squared_distance: Weights ``exp(-||x - z||^2 / T)``.
         pretrain_epochs: Epochs of :meth:`SoftKIGP.fit` on the constructor's batch
-            (learns ``Z``, ``T``, the kernel and the noise); 0 keeps the initial values.
+            (learns ``Z``, ``T``, the kernel, the noise and the constant mean); 0 keeps
+            the initial values.
         pretrain_options: Further :meth:`SoftKIGP.fit` options (``batch_size``, ``lr``,
             ``num_probes``, ``learn_noise``, ``seed``).
         keep_data: Keep every observation (transformed), ``O(n d)`` memory, so that
@@ -232,9 +255,10 @@ class OnlineSoftKIGP(WiskiGP):
         train_Yvar: Tensor | None = None,
         likelihood: GaussianLikelihood | None = None,
         covar_module: Kernel | None = None,
-        outcome_transform: OutcomeTransform | None = None,
+        outcome_transform: OutcomeTransform | _DefaultType | None = DEFAULT,
         input_transform: InputTransform | None = None,
         *,
+        mean_module: Mean | None = None,
         num_inducing: int | None = None,
         inducing_points: Tensor | None = None,
         temperature: float | None = None,
@@ -264,6 +288,7 @@ class OnlineSoftKIGP(WiskiGP):
         if not isinstance(keep_data, bool):
             raise TypeError(f"keep_data must be a bool, got {type(keep_data).__name__}.")
         check_kernel(covar_module)
+        check_constant_mean(mean_module)
 
         def learn_interpolation(
             X_t: Tensor, y: Tensor, noise: Tensor | None
@@ -298,6 +323,7 @@ class OnlineSoftKIGP(WiskiGP):
             outcome_transform,
             input_transform,
             interpolation=learn_interpolation,
+            mean_module=mean_module,
         )
         self.keep_data = keep_data
 
@@ -345,8 +371,9 @@ class OnlineSoftKIGP(WiskiGP):
     ) -> tuple[Tensor, Tensor]:
         r"""SoftKI's Algorithm 1 on ``(X_t, y)``: points and temperature (then frozen).
 
-        A batch :class:`SoftKIGP` sharing this model's kernel (and likelihood, for
-        learned noise) is fitted; its points and temperature are returned.
+        A batch :class:`SoftKIGP` sharing this model's kernel and constant mean (and
+        likelihood, for learned noise) is fitted on the already-transformed data (no
+        transform of its own); its points and temperature are returned.
         """
         if len(y) == 0:  # nothing to learn from: the given points, SoftKI's default T
             if temperature is None:
@@ -370,6 +397,8 @@ class OnlineSoftKIGP(WiskiGP):
             y.unsqueeze(-1),
             likelihood=pretrain_likelihood,
             covar_module=self.covar_module,
+            outcome_transform=None,
+            mean_module=self.mean_module,
             num_inducing=num_inducing,
             inducing_points=inducing_points,
             temperature=temperature,
@@ -434,7 +463,7 @@ class OnlineSoftKIGP(WiskiGP):
         num_inducing: int | None = None,
         **fit_options: Any,
     ) -> OnlineSoftKIGP:
-        r"""Re-learn ``Z`` and ``T`` (and the kernel, noise) on all kept data; rebuild.
+        r"""Re-learn ``Z`` and ``T`` (and kernel, noise, constant mean) on all kept data; rebuild.
 
         Runs SoftKI's Algorithm 1 (:meth:`SoftKIGP.fit`) on every observation kept with
         ``keep_data=True``, starting from the current points and temperature (or from
@@ -496,7 +525,12 @@ class OnlineSoftKIGP(WiskiGP):
         return self
 
     def restandardize(self, rescale_hyperparameters: bool = True) -> OnlineSoftKIGP:
-        r"""As :meth:`WiskiGP.restandardize` (exact: softmax rows sum to one); kept data follow."""
+        r"""As :meth:`WiskiGP.restandardize` (exact: softmax rows sum to one).
+
+        With the standardisation changed to ``alpha y + beta``, the constant mean becomes
+        ``alpha c + beta`` (so the model is unchanged when the hyperparameters are
+        rescaled too) and the kept data follow.
+        """
         transform = getattr(self, "outcome_transform", None)
         before = None
         if isinstance(transform, Standardize):

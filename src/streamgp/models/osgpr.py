@@ -26,8 +26,15 @@ With inducing points equal to all training inputs the posterior is the exact GP
 posterior; with fixed inducing points and hyperparameters, streaming in batches gives
 exactly the batch SGPR posterior and bound.
 
-Transforms: as in :class:`~streamgp.models.WiskiGP`, an ``input_transform`` and an
-``outcome_transform`` are fitted once on the constructor's data and then frozen.
+Defaults are ``SingleTaskGP``'s: ``Standardize`` on the outcomes
+(``outcome_transform=None`` for none) and a learned constant prior mean
+(``ConstantMean``; ``mean_module=ZeroMean()`` for a zero mean). As in
+:class:`~streamgp.models.WiskiGP`, the input and outcome transforms are fitted once on
+the constructor's data and then frozen. The pseudo-observations are a factor on the
+actual inducing values, not on their residuals from the mean, so the constant is
+learned by the online bound like any hyperparameter, and a new constant changes only
+the prior of the summarised data, exactly, as new kernel hyperparameters do (Bui et
+al.'s ``p(a | theta)``).
 
 References:
 
@@ -55,6 +62,7 @@ from botorch.optim.utils import get_parameters_and_bounds
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel
 from gpytorch.likelihoods import GaussianLikelihood
+from gpytorch.means import Mean, ZeroMean
 from gpytorch.models import GP
 from linear_operator.operators import DenseLinearOperator
 from torch import Tensor
@@ -87,6 +95,7 @@ from streamgp.models.utils import (
     transaction,
     transform_new_data,
 )
+from streamgp.models.utils.defaults import DEFAULT, _DefaultType, mean_module_or_default
 from streamgp.utils.validation import (
     check_gaussian_likelihood,
     check_inducing_points,
@@ -104,6 +113,37 @@ DEFAULT_NUM_INDUCING = 128
 DEFAULT_JITTER = {torch.float64: 1e-8, torch.float32: 1e-6}
 
 _STATE_BUFFERS = ("inducing_points", "pseudo_root", "pseudo_eta", "pseudo_log_norm", "num_observed")
+
+
+def _mean_module_or_default(mean_module: object | None, like: Tensor) -> Mean:
+    r"""``mean_module`` on ``like``'s dtype and device (None: a learned ``ConstantMean``).
+
+    Raises:
+        TypeError: If ``mean_module`` is neither None nor a gpytorch ``Mean``.
+        ValueError: If it fails on, or has batch dimensions for, ``n x d`` inputs.
+    """
+    if mean_module is not None and not isinstance(mean_module, Mean):
+        raise TypeError(
+            "mean_module must be None (a learned constant), or a gpytorch Mean such as "
+            f"ConstantMean or ZeroMean, got {type(mean_module).__name__}."
+        )
+    mean_module = mean_module_or_default(mean_module, like)
+    probe = like.new_zeros(2, like.shape[-1])
+    try:
+        with torch.no_grad():
+            shape = mean_module(probe).shape
+    except Exception as error:  # re-raised with the argument named
+        raise ValueError(
+            f"mean_module ({type(mean_module).__name__}) fails on {probe.shape[-1]}-dimensional "
+            f"inputs: {error}"
+        ) from error
+    if shape != probe.shape[:-1]:
+        raise ValueError(
+            "mean_module must map n x d inputs to n values (no batch dimensions); "
+            f"{type(mean_module).__name__} gives shape {tuple(shape)} for "
+            f"{tuple(probe.shape)} inputs."
+        )
+    return mean_module
 
 
 class _LastBatch(NamedTuple):
@@ -156,8 +196,14 @@ class OnlineSGPR(
         jitter: Jitter on ``K_ZZ`` relative to its mean diagonal; raised 10x only if a
             Cholesky factorisation fails. Default: ``DEFAULT_JITTER[dtype]``.
         seed: Seed of the random choices of the default inducing-point rule.
-        input_transform: Input transform, fitted on ``train_X`` and then frozen.
         outcome_transform: Outcome transform, fitted on ``train_Y`` and then frozen.
+            Default: ``Standardize(m=1)``, as ``SingleTaskGP`` (none when ``n = 0``);
+            None for no transform.
+        input_transform: Input transform, fitted on ``train_X`` and then frozen.
+        mean_module: Prior mean of ``f`` (in the transformed spaces), learned with the
+            other hyperparameters. Default (None): a learned ``ConstantMean``, as
+            ``SingleTaskGP``; ``ZeroMean()`` for a zero mean. Any gpytorch ``Mean``
+            that maps ``n x d`` inputs to ``n`` values (e.g. ``LinearMean``) is exact.
 
     Example:
         >>> X = torch.rand(100, 2, dtype=torch.float64)
@@ -192,9 +238,10 @@ class OnlineSGPR(
         train_Yvar: Tensor | None = None,
         likelihood: GaussianLikelihood | None = None,
         covar_module: Kernel | None = None,
-        outcome_transform: OutcomeTransform | None = None,
+        outcome_transform: OutcomeTransform | _DefaultType | None = DEFAULT,
         input_transform: InputTransform | None = None,
         *,
+        mean_module: Mean | None = None,
         inducing_points: Tensor | None = None,
         num_inducing: int | None = None,
         inducing_selector: InducingPointSelector | None = None,
@@ -241,6 +288,7 @@ class OnlineSGPR(
             raise ValueError(f"jitter must be a non-negative number or None, got {jitter!r}.")
         check_gaussian_likelihood(likelihood)
         check_kernel(covar_module)
+        mean_module = _mean_module_or_default(mean_module, like=train_X)
         super().__init__()
 
         # Fit the transforms once on the initial data, then freeze them.
@@ -248,6 +296,7 @@ class OnlineSGPR(
             self, train_X, train_Y, input_transform, outcome_transform
         )
 
+        self.mean_module = mean_module
         self.covar_module, self.likelihood = kernel_and_likelihood_or_defaults(
             covar_module, likelihood, like=train_X
         )
@@ -308,6 +357,11 @@ class OnlineSGPR(
         self.pseudo_log_norm = factor.log_norm.detach()
 
     @property
+    def _prior_mean(self) -> Mean | None:
+        r"""The prior mean for :mod:`streamgp.linalg.sparse_gp` (None for a zero mean)."""
+        return None if isinstance(self.mean_module, ZeroMean) else self.mean_module
+
+    @property
     def num_inducing(self) -> int:
         r"""Current number of inducing points ``M``."""
         return self.inducing_points.shape[0]
@@ -343,7 +397,7 @@ class OnlineSGPR(
         if not self._caches_valid():
             with torch.no_grad():
                 self._posterior = sparse_posterior(
-                    self.covar_module, self.pseudo_observations, self.jitter
+                    self.covar_module, self.pseudo_observations, self.jitter, self._prior_mean
                 )
                 self._snapshot_hyperparameters()
             # Replay conditioning (keeps gradients w.r.t. the conditioning inputs).
@@ -360,6 +414,8 @@ class OnlineSGPR(
     def _condition_correction(self, X_t: Tensor, y: Tensor, noise: Tensor) -> LowRankCorrection:
         posterior = self._posterior
         weights = projection_weights(self.covar_module, posterior, X_t)
+        if self._prior_mean is not None:  # the whitened posterior is of residuals
+            y = y - self._prior_mean(X_t)
         return self._current_correction().condition(posterior.whitened, weights, y, noise)
 
     # ------------------------------------------------------------ the bound
@@ -406,6 +462,7 @@ class OnlineSGPR(
             self.pseudo_observations if summary is None else summary,
             shared=shared,
             relative_jitter=self.jitter,
+            prior_mean=self._prior_mean,
         )
 
     def _loss(
@@ -605,7 +662,9 @@ class OnlineSGPR(
     def forward(self, X: Tensor) -> MultivariateNormal:
         r"""Posterior of the latent function at already-transformed inputs ``X``."""
         posterior = self.sparse_posterior()
-        mean, covar = predict(self.covar_module, posterior, self._current_correction(), X)
+        mean, covar = predict(
+            self.covar_module, posterior, self._current_correction(), X, self._prior_mean
+        )
         covar = covar.expand(*mean.shape, mean.shape[-1])
         return MultivariateNormal(mean, DenseLinearOperator(covar))
 

@@ -71,7 +71,7 @@ from gpytorch.likelihoods import (
     GaussianLikelihood,
     Likelihood,
 )
-from gpytorch.means import ConstantMean, Mean
+from gpytorch.means import Mean
 from gpytorch.models import GP, ApproximateGP
 from gpytorch.variational import CholeskyVariationalDistribution, VariationalStrategy
 from linear_operator.operators import DenseLinearOperator
@@ -96,6 +96,7 @@ from streamgp.models.utils import (
     parameters_unchanged,
     transform_new_data,
 )
+from streamgp.models.utils.defaults import DEFAULT, _DefaultType, mean_module_or_default
 from streamgp.utils.optimization import PersistentOptimizerMixin
 from streamgp.utils.validation import (
     check_count,
@@ -212,7 +213,8 @@ class OnlineSVGP(
         covar_module: Kernel. Default: ``ScaleKernel(RBFKernel(ard_num_dims=d))`` with
             gpytorch's softplus-constrained parameters, which plain gradient steps
             cannot push out of their domain.
-        mean_module: Prior mean. Default: ``ConstantMean()``.
+        mean_module: Prior mean. Default: a ``ConstantMean()`` learned with the other
+            hyperparameters, as in ``SingleTaskGP``.
         likelihood: ``GaussianLikelihood`` (default) or ``BernoulliLikelihood``.
         beta: Weight of the KL terms (``1`` is Bui et al.'s bound).
         num_steps: Optimizer steps per :meth:`observe` call.
@@ -236,8 +238,10 @@ class OnlineSVGP(
         jitter: Diagonal jitter of the inducing covariance. Default: gpytorch's
             ``variational_cholesky_jitter`` for the dtype.
         input_transform: Input transform, fitted on ``train_X`` and then frozen.
-        outcome_transform: Outcome transform, fitted on ``train_Y`` and then frozen
-            (Gaussian likelihood only).
+        outcome_transform: Outcome transform, fitted on ``train_Y`` and then frozen.
+            Default: ``Standardize(m=1)``, as in ``SingleTaskGP`` (no transform when
+            ``train_X`` is empty); None for no transform. With a
+            ``BernoulliLikelihood`` the default is no transform and any other raises.
 
     Example:
         >>> X = torch.rand(100, 1, dtype=torch.float64)
@@ -272,7 +276,7 @@ class OnlineSVGP(
         likelihood: Likelihood | None = None,
         covar_module: Kernel | None = None,
         mean_module: Mean | None = None,
-        outcome_transform: OutcomeTransform | None = None,
+        outcome_transform: OutcomeTransform | _DefaultType | None = DEFAULT,
         input_transform: InputTransform | None = None,
         *,
         inducing_points: Tensor | None = None,
@@ -309,8 +313,12 @@ class OnlineSVGP(
         _check_likelihood(likelihood)
         if isinstance(likelihood, BernoulliLikelihood):
             _check_binary(train_Y, "train_Y")
-            if outcome_transform is not None:
-                raise ValueError("outcome_transform must be None with a BernoulliLikelihood.")
+            if outcome_transform is not None and not isinstance(outcome_transform, _DefaultType):
+                raise ValueError(
+                    "outcome_transform must be None (or left at its default) with a "
+                    "BernoulliLikelihood: {0, 1} labels are not transformed."
+                )
+            outcome_transform = None  # the default (Standardize) is for regression only
         for name, value in [("beta", beta), ("lr", lr)]:
             if not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name} must be a positive number, got {value!r}.")
@@ -350,7 +358,7 @@ class OnlineSVGP(
         if covar_module is None:
             covar_module = ScaleKernel(RBFKernel(ard_num_dims=dim))
         covar_module = covar_module.to(**tkwargs)
-        mean_module = (ConstantMean() if mean_module is None else mean_module).to(**tkwargs)
+        mean_module = mean_module_or_default(mean_module, train_X)
         self.inducing_selector = inducing_selector
         if inducing_selector is not None:
             inducing_points = self._select_inducing(train_X_t, dim, tkwargs)

@@ -7,19 +7,26 @@ softmax weights ``W_xz`` (Definition 4.1, :mod:`streamgp.interpolation.softmax`)
 the cost no longer grows like ``4^d`` with the input dimension. The model is an exact
 GP with that kernel and Gaussian noise ``s2``:
 
-    ``u = f(Z) ~ N(0, K_zz)``,  ``f(x) = w(x)^T u``,  ``y = W_xz u + eps``.
+    ``u = f(Z) ~ N(c 1, K_zz)``,  ``f(x) = w(x)^T u``,  ``y = W_xz u + eps``.
+
+The prior mean is a learned constant ``c`` (``mean_module``, ``SingleTaskGP``'s
+``ConstantMean``; ``ZeroMean()`` fixes it at zero). Softmax rows sum to one (``W 1 =
+1``), so ``f`` has prior mean ``c`` everywhere and the model on ``y`` is exactly the
+zero-mean model on the residuals ``y - c``, plus ``c`` in predictions: every
+factorisation below is of the residuals, and ``c`` is learned with the kernel.
 
 - Training (Algorithm 1): ``Z`` starts at k-means centres of the inputs; the kernel
-  hyperparameters, the noise, ``Z`` and the temperature are learned by minibatch Adam
-  on the Hutchinson pseudo-loss (Definition 4.2, :func:`hutchinson_pseudo_loss`):
-  its gradient is a stochastic estimate of the gradient of the minibatch log
-  marginal likelihood that needs only solves with the ``B x B`` minibatch covariance.
-  :meth:`SoftKIGP.fit` runs it.
+  hyperparameters, the noise, the constant mean, ``Z`` and the temperature are learned
+  by minibatch Adam on the Hutchinson pseudo-loss (Definition 4.2,
+  :func:`hutchinson_pseudo_loss`): its gradient is a stochastic estimate of the
+  gradient of the minibatch log marginal likelihood that needs only solves with the
+  ``B x B`` minibatch covariance (exact in the constant mean). :meth:`SoftKIGP.fit`
+  runs it.
 - Inference (section 4.3): with ``L L^T = K_zz`` and ``Lambda = s2 I``, the QR
   factorisation ``[Lambda^{-1/2} W K_zz; L^T] = Q R`` gives ``R^T R = C = K_zz +
   K_zx Lambda^{-1} K_xz`` without ever forming ``C`` (whose condition number is the
-  square of the stacked matrix's), and ``alpha = R^{-1} Q^T [Lambda^{-1/2} y; 0]``.
-  The posterior of ``u`` is ``N(K_zz alpha, (K_zz R^{-1})(K_zz R^{-1})^T)``, so a
+  square of the stacked matrix's), and ``alpha = R^{-1} Q^T [Lambda^{-1/2} (y - c); 0]``.
+  The posterior of ``u - c`` is ``N(K_zz alpha, (K_zz R^{-1})(K_zz R^{-1})^T)``, so a
   prediction at ``q`` points costs ``O(q m^2)`` and its covariance is a product of
   roots (positive semi-definite by construction). The factorisation costs
   ``O(n m^2)``, is cached, and is rebuilt only when a hyperparameter changes.
@@ -41,9 +48,10 @@ authors' code. The paper fixes the noise at ``1e-3``; here it is learned unless
 minibatch negative log marginal likelihood (it comes free with the LU factorisation
 used for the solves), so training curves are meaningful.
 
-Transforms: an ``input_transform`` and an ``outcome_transform`` are fitted once on the
-training data and then frozen (:mod:`streamgp.models.utils.transforms`); the
-interpolation points live in the transformed input space.
+Transforms: as ``SingleTaskGP``'s, ``outcome_transform`` defaults to ``Standardize(m=1)``.
+An ``input_transform`` and an ``outcome_transform`` are fitted once on the training data
+and then frozen (:mod:`streamgp.models.utils.transforms`); the interpolation points live
+in the transformed input space, the constant mean in the transformed output space.
 
 References:
 
@@ -67,6 +75,7 @@ from gpytorch.constraints import Positive
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel
 from gpytorch.likelihoods import GaussianLikelihood
+from gpytorch.means import ConstantMean, Mean, ZeroMean
 from gpytorch.models import GP
 from torch import Tensor
 
@@ -89,6 +98,7 @@ from streamgp.models.utils import (
     transaction,
     transform_new_data,
 )
+from streamgp.models.utils.defaults import DEFAULT, _DefaultType, mean_module_or_default
 from streamgp.utils.validation import (
     check_conditioning_data,
     check_count,
@@ -212,14 +222,15 @@ def hutchinson_pseudo_loss(
     ``b_j = Sigma^{-1} a_j`` for ``L`` standard Gaussian probes ``a_j``, all held
     constant, the surrogate ``1/2 b_0^T Sigma b_0 - 1/(2L) sum_j a_j^T Sigma b_j`` has
     gradient ``1/2 y^T Sigma^{-1} dSigma Sigma^{-1} y - 1/2 tr(Sigma^{-1} dSigma)``
-    in expectation: that of ``log p(y)``. The solves use one LU factorisation (a direct
-    solver: ``Sigma`` need not be numerically positive definite), which also gives
-    ``log|Sigma|``, so the returned value is the exact ``-log p(y)`` while its gradient
-    is the (negated) Hutchinson estimate.
+    in expectation: that of ``log p(y)``; its gradient in ``y`` (the residuals of a
+    constant prior mean) is exact: ``-Sigma^{-1} y = -b_0``. The solves use one LU
+    factorisation (a direct solver: ``Sigma`` need not be numerically positive
+    definite), which also gives ``log|Sigma|``, so the returned value is the exact
+    ``-log p(y)`` while its gradient is the (negated) Hutchinson estimate.
 
     Args:
         covar: ``B x B`` covariance ``Sigma`` (differentiable).
-        y: ``B`` targets.
+        y: ``B`` targets (differentiable).
         num_probes: Number ``L`` of probe vectors.
         generator: Optional random generator for the probes.
 
@@ -243,10 +254,12 @@ def hutchinson_pseudo_loss(
         solves = torch.linalg.lu_solve(LU, pivots, torch.cat([y.unsqueeze(-1), probes], -1))
         logdet = LU.diagonal().abs().log().sum()
         value = 0.5 * ((y * solves[:, 0]).sum() + logdet + B * _LOG_2PI)
-    product = covar @ solves  # the only differentiable part
+    product = covar @ solves  # differentiable in covar
     b0 = solves[:, 0]
     surrogate = (
-        0.5 * (b0 * product[:, 0]).sum() - 0.5 * (probes * product[:, 1:]).sum() / num_probes
+        0.5 * (b0 * product[:, 0]).sum()
+        - 0.5 * (probes * product[:, 1:]).sum() / num_probes
+        - (b0 * y).sum()  # gradient -Sigma^{-1} y in y (exact)
     )
     # Value: exact -log p(y); gradient: -(surrogate's), i.e. Hutchinson's -grad log p.
     return value + (surrogate.detach() - surrogate)
@@ -275,6 +288,41 @@ def check_point_options(
         raise TypeError(f"squared_distance must be a bool, got {type(squared_distance).__name__}.")
 
 
+def check_constant_mean(mean_module: object) -> None:
+    r"""Check a softmax-interpolation model's prior mean: constant or zero.
+
+    Softmax rows sum to one (``W 1 = 1``), so a constant prior mean ``c`` is exactly a
+    shift of the targets by ``-c``; a mean that varies with ``x`` is not (``W m(Z)`` is
+    not ``m(x)``), so only these are supported: None (a learned ``ConstantMean``, the
+    default), ``ZeroMean()``, or an unbatched ``ConstantMean``. Shared by
+    :class:`SoftKIGP` and :class:`~streamgp.models.OnlineSoftKIGP`.
+
+    Raises:
+        ValueError: For any other ``mean_module``.
+    """
+    if mean_module is None or type(mean_module) is ZeroMean:
+        return
+    if type(mean_module) is ConstantMean and mean_module.constant.numel() == 1:
+        return
+    raise ValueError(
+        "mean_module must be None (a learned constant), gpytorch's ZeroMean() or an "
+        "unbatched ConstantMean (a constant prior mean is exact under softmax "
+        f"interpolation, whose rows sum to one); got {type(mean_module).__name__}."
+    )
+
+
+def prior_constant(mean_module: Mean | None) -> Tensor | None:
+    r"""The constant ``c`` of a prior mean checked by :func:`check_constant_mean`.
+
+    Returns:
+        The scalar constant (differentiable), or None for a zero mean (``ZeroMean`` or
+        None), whose models then compute exactly as without a mean.
+    """
+    if mean_module is None or isinstance(mean_module, ZeroMean):
+        return None
+    return mean_module.constant.reshape(())
+
+
 # ------------------------------------------------------------------------- model
 class SoftKIGP(
     CachedPosteriorMixin,
@@ -297,7 +345,13 @@ class SoftKIGP(
         covar_module: Kernel of the interpolation points. Default: BoTorch's
             ``SingleTaskGP`` kernel (RBF with dimension-scaled priors).
         outcome_transform: Outcome transform, fitted on ``train_Y`` and then frozen.
+            Default: ``Standardize(m=1)``, as ``SingleTaskGP``'s; None: no transform.
         input_transform: Input transform, fitted on ``train_X`` and then frozen.
+        mean_module: The prior mean, in the transformed output space. None (default): a
+            ``ConstantMean`` whose constant is learned with the other hyperparameters,
+            as ``SingleTaskGP``'s; ``ZeroMean()`` for a zero mean; or a given
+            (unbatched) ``ConstantMean``. Other means raise ``ValueError``
+            (:func:`check_constant_mean`).
         num_inducing: Number ``m`` of interpolation points, initialised at k-means
             centres of the (transformed) inputs. Default ``min(512, n)``; at most
             ``n`` are used (with ``n <= m`` the points are the inputs themselves).
@@ -335,9 +389,10 @@ class SoftKIGP(
         train_Yvar: Tensor | None = None,
         likelihood: GaussianLikelihood | None = None,
         covar_module: Kernel | None = None,
-        outcome_transform: OutcomeTransform | None = None,
+        outcome_transform: OutcomeTransform | _DefaultType | None = DEFAULT,
         input_transform: InputTransform | None = None,
         *,
+        mean_module: Mean | None = None,
         num_inducing: int | None = None,
         inducing_points: Tensor | None = None,
         temperature: float | None = None,
@@ -350,6 +405,7 @@ class SoftKIGP(
         check_point_options(train_X, num_inducing, inducing_points, temperature, squared_distance)
         check_gaussian_likelihood(likelihood)
         check_kernel(covar_module)
+        check_constant_mean(mean_module)
         super().__init__()
         tkwargs = {"dtype": train_X.dtype, "device": train_X.device}
 
@@ -363,6 +419,7 @@ class SoftKIGP(
         self.covar_module, self.likelihood = kernel_and_likelihood_or_defaults(
             covar_module, likelihood, like=train_X
         )
+        self.mean_module = mean_module_or_default(mean_module, like=train_X)
 
         # Algorithm 1, line 1: interpolation points at k-means centres.
         if inducing_points is None:
@@ -426,6 +483,15 @@ class SoftKIGP(
     def _caches_valid(self) -> bool:
         return self._posterior is not None and self._hyperparameters_unchanged()
 
+    def _prior_mean(self) -> Tensor | None:
+        r"""The constant prior mean ``c`` (transformed space; differentiable), or None for zero."""
+        return prior_constant(self.mean_module)
+
+    def _residuals(self, y: Tensor) -> Tensor:
+        r"""Targets minus the prior mean: what the zero-mean factorisations take."""
+        mean = self._prior_mean()
+        return y if mean is None else y - mean
+
     def weights(self, X_t: Tensor) -> DenseInterpolationWeights:
         r"""Softmax weights of already-transformed inputs ``batch x N x d`` (differentiable)."""
         return DenseInterpolationWeights(self._weight_values(X_t))
@@ -441,12 +507,13 @@ class SoftKIGP(
     def factor(self) -> SoftKIFactor:
         r"""The QR factorisation of all training data (section 4.3), ``O(n m^2)``.
 
-        Differentiable in the hyperparameters (not cached; :meth:`softki_posterior`
-        caches what predictions need).
+        Of the residuals ``y - c`` (the targets minus the constant prior mean).
+        Differentiable in the hyperparameters, the constant included (not cached;
+        :meth:`softki_posterior` caches what predictions need).
         """
         return softki_factor(
             None,
-            self.train_y_t,
+            self._residuals(self.train_y_t),
             self._kernel_matrix(),
             self.noise_variance,
             weights_fn=self._weight_values,
@@ -454,7 +521,7 @@ class SoftKIGP(
         )
 
     def softki_posterior(self) -> GridPosterior:
-        r"""Posterior ``N(mean, root root^T)`` of the values ``u`` at the points.
+        r"""Posterior ``N(mean, root root^T)`` of the values ``u - c`` at the points.
 
         Rebuilt from the QR factorisation when a hyperparameter changed since the last
         call (``O(n m^2)``), otherwise cached. Detached from the hyperparameters (as
@@ -467,7 +534,7 @@ class SoftKIGP(
             self._correction = None
             for X_q, y_q, noise_q in self._conditioning_log:
                 self._correction = self._current_correction().condition(
-                    self._posterior, self.weights(X_q), y_q, noise_q
+                    self._posterior, self.weights(X_q), self._residuals(y_q), noise_q
                 )
         return self._posterior
 
@@ -480,9 +547,9 @@ class SoftKIGP(
     def fit_objective(self) -> tuple[Tensor, Tensor]:
         r"""The exact SoftKI log marginal likelihood of all training data, and ``n``.
 
-        ``log N(y | 0, W K_zz W^T + s2 I)`` from the QR factorisation, ``O(n m^2)``
+        ``log N(y | c 1, W K_zz W^T + s2 I)`` from the QR factorisation, ``O(n m^2)``
         time, ``O(QR_CHUNK m)`` memory; differentiable in the kernel hyperparameters,
-        the noise, the interpolation points and the temperature. BoTorch's
+        the noise, the constant mean, the interpolation points and the temperature. BoTorch's
         ``fit_gpytorch_mll`` maximises it (plus the log hyperpriors).
         """
         value = self.factor().log_marginal_likelihood(self.noise_variance)
@@ -504,14 +571,16 @@ class SoftKIGP(
 
         Returns:
             ``-(log p(y_B) / B + log hyperprior / n)`` in value; its gradient is
-            Hutchinson's estimate of the gradient of that quantity.
+            Hutchinson's estimate of the gradient of that quantity (exact in the
+            constant mean).
         """
         W = self._weight_values(X_t)
         L, jitter = cholesky_with_jitter(self._kernel_matrix())
         # Sigma = (W L)(W L)^T + s2 I: the root keeps Sigma symmetric PSD + s2 I.
         WL = W @ L
         covar = WL @ WL.mT + self.noise_variance * torch.eye(len(y), dtype=y.dtype, device=y.device)
-        loss = hutchinson_pseudo_loss(covar, y, num_probes, generator) / len(y)
+        residuals = self._residuals(y)
+        loss = hutchinson_pseudo_loss(covar, residuals, num_probes, generator) / len(y)
         n = self.train_y_t.shape[-1]
         for _, module, prior, closure, _ in self.named_priors():
             loss = loss - prior.log_prob(closure(module)).sum() / n
@@ -529,7 +598,8 @@ class SoftKIGP(
         r"""Minibatch Adam on the Hutchinson pseudo-loss (Algorithm 1), in place.
 
         Learns the kernel hyperparameters, the noise (unless ``learn_noise=False``;
-        the paper fixes it), the interpolation points and the temperature. Each
+        the paper fixes it), the constant prior mean, the interpolation points and the
+        temperature. Each
         step costs ``O(B m^2 + B^2 m + B^3)`` for minibatch size ``B``, whatever ``n``.
 
         Args:
@@ -621,7 +691,8 @@ class SoftKIGP(
         weights = self.weights(X)
         mean, positive, negative = self._current_correction().predict_factors(posterior, weights)
         covar = PosteriorCovariance(positive, negative, batch_shape=mean.shape[:-1])
-        return MultivariateNormal(mean, covar)
+        prior_mean = self._prior_mean()
+        return MultivariateNormal(mean if prior_mean is None else mean + prior_mean, covar)
 
     def _check_posterior_inputs(self, X: Tensor, observation_noise: bool | Tensor) -> None:
         super()._check_posterior_inputs(X, observation_noise)
@@ -655,7 +726,9 @@ class SoftKIGP(
         posterior = self.softki_posterior()
         y = Y_t.squeeze(-1)
         noise_q = conditioning_noise(noise, self, X)
-        correction = self._current_correction().condition(posterior, self.weights(X_t), y, noise_q)
+        correction = self._current_correction().condition(
+            posterior, self.weights(X_t), self._residuals(y), noise_q
+        )
         new = shallow_view(self)
         new._correction = correction
         new._conditioning_log = [*self._conditioning_log, (X_t, y, noise_q)]

@@ -59,7 +59,7 @@ from botorch.models.utils.inducing_point_allocators import GreedyVarianceReducti
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel, RBFKernel, ScaleKernel
 from gpytorch.likelihoods import BernoulliLikelihood, GaussianLikelihood, Likelihood
-from gpytorch.means import ConstantMean, Mean
+from gpytorch.means import Mean
 from gpytorch.models import GP
 from linear_operator.operators import DenseLinearOperator, DiagLinearOperator
 from torch import Tensor
@@ -86,6 +86,7 @@ from streamgp.models.utils import (
     fit_frozen_transforms,
     transform_new_data,
 )
+from streamgp.models.utils.defaults import DEFAULT, _DefaultType, mean_module_or_default
 from streamgp.utils.optimization import PersistentOptimizerMixin
 from streamgp.utils.validation import (
     check_count,
@@ -124,7 +125,8 @@ class DecoupledSVGP(
         max_covar_basis: Cap ``M_beta`` on the covariance basis size.
         basis_increment: ``N_Delta``, new points of each batch added to the bases.
         covar_module: Kernel. Default: ``ScaleKernel(RBFKernel(ard_num_dims=d))``.
-        mean_module: Prior mean ``m_0``. Default: ``ConstantMean()``.
+        mean_module: Prior mean ``m_0``. Default: a ``ConstantMean()`` learned with the
+            other hyperparameters, as in ``SingleTaskGP``.
         likelihood: ``GaussianLikelihood`` (default) or ``BernoulliLikelihood``.
         minibatch_size: ``N_m``, points per optimizer step.
         kl_columns: ``N_c``, sampled columns of ``K_alpha`` in the KL's mean term per
@@ -157,8 +159,10 @@ class DecoupledSVGP(
             stay first-order and linear in ``M_alpha``.
         seed: Seed of the model's own generator (minibatches, reservoir, new bases).
         input_transform: Input transform, fitted on ``train_X`` and then frozen.
-        outcome_transform: Outcome transform, fitted on ``train_Y`` and then frozen
-            (Gaussian likelihood only).
+        outcome_transform: Outcome transform, fitted on ``train_Y`` and then frozen.
+            Default: ``Standardize(m=1)``, as in ``SingleTaskGP``; None for no
+            transform. With a ``BernoulliLikelihood`` the default is no transform and
+            any other raises.
 
     Example:
         >>> X = torch.rand(200, 1, dtype=torch.float64)
@@ -192,7 +196,7 @@ class DecoupledSVGP(
         likelihood: Likelihood | None = None,
         covar_module: Kernel | None = None,
         mean_module: Mean | None = None,
-        outcome_transform: OutcomeTransform | None = None,
+        outcome_transform: OutcomeTransform | _DefaultType | None = DEFAULT,
         input_transform: InputTransform | None = None,
         *,
         mean_basis: Tensor | None = None,
@@ -239,8 +243,12 @@ class DecoupledSVGP(
         _check_likelihood(likelihood)
         if isinstance(likelihood, BernoulliLikelihood):
             _check_binary(train_Y, "train_Y")
-            if outcome_transform is not None:
-                raise ValueError("outcome_transform must be None with a BernoulliLikelihood.")
+            if outcome_transform is not None and not isinstance(outcome_transform, _DefaultType):
+                raise ValueError(
+                    "outcome_transform must be None (or left at its default) with a "
+                    "BernoulliLikelihood: {0, 1} labels are not transformed."
+                )
+            outcome_transform = None  # the default (Standardize) is for regression only
         if isinstance(lr_decay, bool) or not isinstance(lr_decay, (int, float)) or lr_decay < 0:
             raise ValueError(f"lr_decay must be a non-negative number, got {lr_decay!r}.")
         for name, value in [("lr", lr), ("new_root_diagonal", new_root_diagonal)]:
@@ -279,7 +287,7 @@ class DecoupledSVGP(
             ScaleKernel(RBFKernel(ard_num_dims=dim)) if covar_module is None else covar_module
         )
         self.covar_module = covar_module.to(**tkwargs)
-        self.mean_module = (ConstantMean() if mean_module is None else mean_module).to(**tkwargs)
+        self.mean_module = mean_module_or_default(mean_module, train_X)
         self.likelihood = likelihood.to(**tkwargs)
         self.max_mean_basis = max_mean_basis
         self.max_covar_basis = max_covar_basis

@@ -24,13 +24,16 @@ of :mod:`streamgp.linalg.statistics`). The observation that takes ``n`` past the
 folds the rows into the grid statistics, which from then on are all that is kept.
 Posteriors, the likelihood and its gradients are the same on both sides.
 
+Defaults are ``SingleTaskGP``'s: ``Standardize(m)`` and a learned constant prior mean.
 Transforms: an ``input_transform`` and an ``outcome_transform`` are fitted once, on
 the data given to the constructor, and then frozen; data added later with
 ``observe`` / ``condition_on_observations`` pass through the frozen transforms. The
 grid lives in the transformed input space. With ``Standardize`` this means the
 mean and scale of the first batch are kept for the whole stream (exactly what
 BoTorch's own ``condition_on_observations`` does), so the sufficient statistics
-never need rescaling.
+never need rescaling; the learned constant mean absorbs a drift of the targets' level
+at the next fit, and :meth:`WiskiGP.restandardize` re-estimates the standardisation
+from all data exactly.
 
 LOVE (Pleiss et al., "Constant-Time Predictive Distributions for Gaussian
 Processes", ICML 2018; :mod:`streamgp.linalg.love`). Inside
@@ -96,10 +99,11 @@ from botorch.models.utils.gpytorch_modules import (
     get_covar_module_with_dim_scaled_prior,
     get_gaussian_likelihood_with_lognormal_prior,
 )
+from botorch.utils.types import DEFAULT, _DefaultType
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel, ScaleKernel
 from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
-from gpytorch.means import ConstantMean
+from gpytorch.means import ConstantMean, ZeroMean
 from gpytorch.models import GP
 from gpytorch.settings import fast_pred_samples, fast_pred_var
 from linear_operator.operators import (
@@ -261,6 +265,8 @@ class WiskiGP(
             BoTorch's ``SingleTaskGP`` likelihood. Must be omitted with ``train_Yvar``.
         input_transform: Input transform, fitted on ``train_X`` and then frozen.
         outcome_transform: Outcome transform, fitted on ``train_Y`` and then frozen.
+            Default: ``Standardize(m=k)``, as ``SingleTaskGP``'s (no transform when the
+            model is built without data); ``None`` for none.
         extrapolation: What a prediction outside ``grid_bounds`` does: ``"nearest"``
             (default) predicts at the nearest point of the box and warns
             (``GridExtrapolationWarning``), so BoTorch code that probes beyond the
@@ -281,18 +287,19 @@ class WiskiGP(
             statistics from the start, with a dense root; a subclass whose points are not
             a grid also overrides :meth:`kernel_root`. Not with ``grid_size``,
             ``grid_bounds`` or ``data_space_limit``.
-        mean_module: The prior mean: None (default) for zero (the standardised
-            targets' mean), or a gpytorch ``ConstantMean`` whose constant is learned
-            with the kernel, as ``SingleTaskGP``'s (single-output models). Exact at
-            no extra cost: interpolation rows sum to one, so the statistics of the
-            targets minus a constant follow from the statistics
+        mean_module: The prior mean: None (default) for ``SingleTaskGP``'s learned
+            ``ConstantMean`` (one constant per output), a gpytorch ``ConstantMean``
+            (one constant, or one per output), or ``ZeroMean()`` for a zero mean. The
+            constant is learned with the kernel. Exact at no extra cost: interpolation
+            rows sum to one, so the statistics of the targets minus a constant follow
+            from the statistics
             (:meth:`~streamgp.linalg.statistics.GridStatistics.shift`).
 
     Example:
         >>> from botorch.models.transforms import Normalize, Standardize
         >>> X = torch.rand(200, 2, dtype=torch.float64)
         >>> Y = torch.sin(6 * X).sum(-1, keepdim=True)
-        >>> model = WiskiGP(X, Y, grid_size=30, outcome_transform=Standardize(1))
+        >>> model = WiskiGP(X, Y, grid_size=30)  # Standardize(1), a learned constant mean
         >>> X_new = torch.rand(3, 2, dtype=torch.float64)
         >>> model = model.observe(X_new, torch.sin(6 * X_new).sum(-1, keepdim=True))
         >>> posterior = model.posterior(torch.rand(5, 2, dtype=torch.float64))
@@ -325,7 +332,7 @@ class WiskiGP(
         train_Yvar: Tensor | None = None,
         likelihood: GaussianLikelihood | None = None,
         covar_module: Kernel | None = None,
-        outcome_transform: OutcomeTransform | None = None,
+        outcome_transform: OutcomeTransform | _DefaultType | None = DEFAULT,
         input_transform: InputTransform | None = None,
         *,
         grid_size: int | Sequence[int] | None = None,
@@ -333,21 +340,25 @@ class WiskiGP(
         extrapolation: str = "nearest",
         data_space_limit: int | None = None,
         interpolation: Callable[[Tensor, Tensor, Tensor | None], Any] | None = None,
-        mean_module: ConstantMean | None = None,
+        mean_module: ConstantMean | ZeroMean | None = None,
     ) -> None:
         check_grid_model_data(train_X, train_Y, train_Yvar, likelihood, multi_output=True)
         num_outputs = train_Y.shape[-1]
-        if mean_module is not None:
-            if type(mean_module) is not ConstantMean or mean_module.constant.numel() != 1:
+        if mean_module is None:  # SingleTaskGP's: a learned constant for each output
+            mean_module = ConstantMean(
+                batch_shape=torch.Size([num_outputs] if num_outputs > 1 else [])
+            )
+        elif type(mean_module) is ConstantMean:
+            if mean_module.constant.numel() not in (1, num_outputs):
                 raise ValueError(
-                    "mean_module must be None (zero mean) or an unbatched gpytorch "
-                    f"ConstantMean, got {type(mean_module).__name__}."
+                    f"mean_module's ConstantMean has {mean_module.constant.numel()} constants; "
+                    f"pass one, or one per output ({num_outputs})."
                 )
-            if num_outputs > 1:
-                raise ValueError(
-                    f"train_Y has {num_outputs} columns; mean_module (a learned constant "
-                    "mean) is supported for single-output models."
-                )
+        elif type(mean_module) is not ZeroMean:
+            raise ValueError(
+                "mean_module must be None (a learned constant, the default), a gpytorch "
+                f"ConstantMean or ZeroMean, got {type(mean_module).__name__}."
+            )
         if num_outputs > 1 and interpolation is not None:
             raise ValueError(
                 f"train_Y has {num_outputs} columns; a model with an interpolation factory "
@@ -375,7 +386,7 @@ class WiskiGP(
         if covar_module is None:
             covar_module = get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
         self.covar_module = covar_module.to(**tkwargs)
-        self.mean_module = None if mean_module is None else mean_module.to(**tkwargs)
+        self.mean_module = mean_module.to(**tkwargs)
         self.fixed_noise = train_Yvar is not None
         if self.fixed_noise:
             # Only the mean training noise is kept (BoTorch's fantasize reads it).
@@ -461,8 +472,14 @@ class WiskiGP(
         return Y.squeeze(-1) if self._num_outputs == 1 else Y.movedim(-1, -2)
 
     def _prior_mean(self) -> Tensor | None:
-        r"""The learned constant prior mean (transformed space), or None for zero."""
-        return None if self.mean_module is None else self.mean_module.constant.reshape(())
+        r"""The constant prior mean (transformed space): a scalar for one output, one per
+        output (shape ``k``) for ``k``; None for ``ZeroMean``."""
+        if not isinstance(self.mean_module, ConstantMean):
+            return None
+        constant = self.mean_module.constant
+        if self._num_outputs == 1:
+            return constant.reshape(())
+        return constant.reshape(-1).expand(self._num_outputs)
 
     def _centered(self, statistics: DataStatistics | GridStatistics):
         r"""The statistics of the targets minus the prior mean (the GP's residuals)."""
@@ -471,8 +488,7 @@ class WiskiGP(
 
     def _residuals(self, y: Tensor) -> Tensor:
         r"""Targets minus the prior mean, as the posterior factors take them."""
-        mean = self._prior_mean()
-        return y if mean is None else y - mean
+        return self._plus_prior_mean(y, sign=-1)
 
     def _shared_noise(self, Yvar: Tensor, name: str) -> Tensor:
         r"""``... x q x k`` (transformed) noise variances as one ``... x q`` noise per row.
@@ -854,7 +870,7 @@ class WiskiGP(
             new_std = torch.where(new_std >= transform._min_stdv, new_std, torch.ones_like(new_std))
             alpha, beta = old_std / new_std, (old_mean - new_mean) / new_std
             self._set_statistics(statistics.affine(alpha, beta))
-            if self.mean_module is not None:  # the same prior mean in the new units
+            if isinstance(self.mean_module, ConstantMean):  # the same prior mean, new units
                 self.mean_module.constant = alpha * self.mean_module.constant + beta
             transform.means.fill_(new_mean)
             transform.stdvs.fill_(new_std)
@@ -936,9 +952,13 @@ class WiskiGP(
         covar = PosteriorCovariance(positive, negative, batch_shape=mean.shape[:-1])
         return MultivariateNormal(mean, covar)
 
-    def _plus_prior_mean(self, mean: Tensor) -> Tensor:
+    def _plus_prior_mean(self, values: Tensor, sign: int = 1) -> Tensor:
+        r"""``values`` (``... x q``, or ``... x k x q`` for ``k`` outputs) plus ``sign``
+        times the prior mean."""
         prior_mean = self._prior_mean()
-        return mean if prior_mean is None else mean + prior_mean
+        if prior_mean is None:
+            return values
+        return values + sign * prior_mean.unsqueeze(-1)
 
     # -------------------------------------------------------------- updates
     def observe(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> WiskiGP:
@@ -1128,6 +1148,12 @@ class WiskiGP(
         transform = getattr(self, "outcome_transform", None)
         if transform is not None:
             new.outcome_transform = transform.subset_output(idcs)
+        if isinstance(self.mean_module, ConstantMean) and self.mean_module.constant.numel() > 1:
+            # BoTorch's subset_output copies the picked outputs' hyperparameters.
+            constant = self.mean_module.constant.detach()
+            mean_module = ConstantMean(batch_shape=pick(constant, -1).shape).to(constant)
+            mean_module.constant = pick(constant, -1)
+            new.mean_module = mean_module
         return new
 
     def _view(self) -> WiskiGP:

@@ -1,14 +1,84 @@
-r"""BoTorch's ``SingleTaskGP`` kernel and likelihood as the defaults of streamgp models."""
+r"""BoTorch's ``SingleTaskGP`` defaults, shared by every streamgp model.
+
+A BoTorch user swaps the class and keeps the line: ``SingleTaskGP(X, Y)`` becomes
+``WiskiGP(X, Y)``. So every model takes ``SingleTaskGP``'s defaults (BoTorch >= 0.12):
+
+- ``outcome_transform`` defaults to ``Standardize(m=num_outputs)`` fitted on the
+  constructor's data (``train_Yvar`` is scaled with it); ``outcome_transform=None``
+  means no transform. BoTorch's ``DEFAULT`` sentinel marks the default, as in
+  ``SingleTaskGP``'s signature.
+- ``mean_module=None`` is a learned ``ConstantMean``; pass ``ZeroMean()`` for a zero
+  prior mean.
+- The kernel is an RBF with ARD lengthscales and dimension-scaled priors, and the
+  likelihood Gaussian with a log-normal noise prior.
+
+Without these, a model on raw targets (say ``100 + 10 sin(x)``) predicts about zero away
+from its data, and nothing warns.
+"""
 
 from __future__ import annotations
 
+from botorch.models.transforms.outcome import OutcomeTransform, Standardize
 from botorch.models.utils.gpytorch_modules import (
     get_covar_module_with_dim_scaled_prior,
     get_gaussian_likelihood_with_lognormal_prior,
 )
+from botorch.utils.types import DEFAULT, _DefaultType
 from gpytorch.kernels import Kernel
 from gpytorch.likelihoods import GaussianLikelihood
+from gpytorch.means import ConstantMean, Mean
 from torch import Tensor
+
+__all__ = [
+    "DEFAULT",
+    "_DefaultType",
+    "kernel_and_likelihood_or_defaults",
+    "mean_module_or_default",
+    "outcome_transform_or_default",
+]
+
+
+def outcome_transform_or_default(
+    outcome_transform: OutcomeTransform | _DefaultType | None, train_Y: Tensor
+) -> OutcomeTransform | None:
+    r"""The given outcome transform, or ``SingleTaskGP``'s default ``Standardize``.
+
+    Args:
+        outcome_transform: A transform, None (no transform), or ``DEFAULT``.
+        train_Y: ``... x n x m`` training targets. With no rows there is nothing to fit
+            a standardisation on, so ``DEFAULT`` then means no transform.
+
+    Returns:
+        ``Standardize(m=train_Y.shape[-1], batch_shape=train_Y.shape[:-2])`` for
+        ``DEFAULT`` (and at least one row), else ``outcome_transform`` itself.
+
+    Example:
+        >>> Y = torch.rand(5, 2)
+        >>> outcome_transform_or_default(DEFAULT, Y)
+        Standardize()
+        >>> outcome_transform_or_default(None, Y) is None
+        True
+    """
+    if not isinstance(outcome_transform, _DefaultType):
+        return outcome_transform
+    if train_Y.shape[-2] == 0:
+        return None
+    return Standardize(m=train_Y.shape[-1], batch_shape=train_Y.shape[:-2])
+
+
+def mean_module_or_default(mean_module: Mean | None, like: Tensor) -> Mean:
+    r"""The given prior mean, or ``SingleTaskGP``'s learned ``ConstantMean``.
+
+    Args:
+        mean_module: A gpytorch mean, or None for a learned constant.
+        like: A tensor whose dtype and device the mean is moved to.
+
+    Example:
+        >>> mean_module_or_default(None, torch.zeros(1))
+        ConstantMean()
+    """
+    mean_module = ConstantMean() if mean_module is None else mean_module
+    return mean_module.to(dtype=like.dtype, device=like.device)
 
 
 def kernel_and_likelihood_or_defaults(

@@ -17,6 +17,8 @@ from botorch.models.transforms.input import InputTransform
 from botorch.models.transforms.outcome import OutcomeTransform
 from torch import Tensor
 
+from streamgp.models.utils.defaults import _DefaultType, outcome_transform_or_default
+
 
 class FrozenTransformsMixin:
     r"""BoTorch's input-transform hooks, as no-ops, for a model with frozen transforms.
@@ -55,10 +57,15 @@ def fit_frozen_transforms(
     train_X: Tensor,
     train_Y: Tensor,
     input_transform: InputTransform | None,
-    outcome_transform: OutcomeTransform | None,
+    outcome_transform: OutcomeTransform | _DefaultType | None,
     train_Yvar: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     r"""Fit the transforms on ``(train_X, train_Y)``, attach them to ``model``, freeze them.
+
+    ``outcome_transform=DEFAULT`` is ``SingleTaskGP``'s ``Standardize(m)``
+    (:func:`~streamgp.models.utils.defaults.outcome_transform_or_default`). As in
+    ``SingleTaskGP``, a given outcome transform is put in train mode and fitted on
+    ``train_Y`` even if it came in eval mode.
 
     Returns:
         The transformed ``(train_X, train_Y, train_Yvar)``.
@@ -70,9 +77,11 @@ def fit_frozen_transforms(
             train_X = input_transform(train_X) if len(train_X) else train_X
         input_transform.eval()
         model.input_transform = input_transform
+    outcome_transform = outcome_transform_or_default(outcome_transform, train_Y)
     if outcome_transform is not None:
         outcome_transform.to(**tkwargs)
         if len(train_Y):
+            outcome_transform.train()
             train_Y, train_Yvar = outcome_transform(train_Y, train_Yvar, X=train_X)
         outcome_transform.eval()
         model.outcome_transform = outcome_transform
