@@ -99,6 +99,7 @@ def _grid_model(X: Tensor, data_space_limit: int | None) -> WiskiGP:
         Y,
         grid_size=12,
         covar_module=ScaleKernel(RBFKernel()),
+        outcome_transform=None,
         data_space_limit=data_space_limit,
     )
     model.covar_module.base_kernel.lengthscale = 0.3
