@@ -20,10 +20,11 @@ and vs cumulative time, time per step vs step).
 ``--wiski-grid-size g`` runs WISKI on a g^3 grid instead of its default 10^3 (runs under
 ``<function>_wiski_g<g>/``, labelled ``wiski_g<g>``), so grids can be compared side by side:
 e.g. ``--models wiski --wiski-grid-size 16`` next to the default runs (issue 19's table).
-``--wiski-restandardize`` re-estimates WISKI's outcome standardisation from all data at
-each refit with ``SingleTaskGP``'s unscaled kernel and learned constant mean, i.e.
-``SingleTaskGP``'s model on a grid
-(``WiskiSurrogate(restandardize=True)``; label suffix ``_restd``).
+By default (``--wiski-restandardize``) WISKI re-estimates its outcome standardisation
+from all data at each refit with ``SingleTaskGP``'s unscaled kernel and learned constant
+mean, i.e. ``SingleTaskGP``'s model on a grid (``WiskiSurrogate(restandardize=True)``, the
+loops' default; label suffix ``_restd``); ``--no-wiski-restandardize`` keeps the initial
+design's standardisation (unsuffixed labels).
 ``bo_functions_seeds.{csv,md}`` report every seed's best true value at the
 ``--report-steps`` (mean ± sd and median over the seeds that reached each step; README's
 tables).
@@ -90,8 +91,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--wiski-restandardize",
-        action="store_true",
-        help="WISKI re-estimates its outcome standardisation at each refit",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="WISKI re-estimates its outcome standardisation at each refit (the loops' "
+        "default; --no-wiski-restandardize keeps the initial design's)",
     )
     parser.add_argument(
         "--report-steps",
@@ -122,8 +125,9 @@ def main() -> None:
         wiski["grid_size"], suffix = grid, f"_g{grid}"
     if args.wiski_restandardize:
         wiski["restandardize"], suffix = True, suffix + "_restd"
-    if wiski:  # the default WISKI's runs keep model_options=None (their checkpoints' config)
-        options["wiski"] = wiski
+    else:  # the frozen standardisation: the unsuffixed runs of earlier sessions
+        wiski["restandardize"] = False
+    options["wiski"] = wiski
     for function in [] if args.summarize_only else functions:
         for model in args.models.split(","):
             run_bo_experiment(
