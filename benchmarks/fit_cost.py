@@ -27,6 +27,7 @@ from botorch.fit import fit_gpytorch_mll
 from botorch.models import SingleTaskGP
 from botorch.models.utils.gpytorch_modules import get_covar_module_with_dim_scaled_prior
 from gpytorch.kernels import ScaleKernel
+from gpytorch.means import ZeroMean
 from gpytorch.mlls import ExactMarginalLogLikelihood
 from threadpoolctl import threadpool_limits
 
@@ -51,7 +52,9 @@ def data(n: int):
 def build(kind: str, X, Y):
     covar = ScaleKernel(get_covar_module_with_dim_scaled_prior(ard_num_dims=D))
     if kind == "wiski":
-        model = WiskiGP(X, Y, grid_size=GRID, covar_module=covar)
+        model = WiskiGP(
+            X, Y, grid_size=GRID, covar_module=covar, outcome_transform=None, mean_module=ZeroMean()
+        )
         return model, WoodburyMarginalLogLikelihood(model.likelihood, model)
     model = SingleTaskGP(X, Y, covar_module=covar)
     return model, ExactMarginalLogLikelihood(model.likelihood, model)

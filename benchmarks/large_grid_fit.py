@@ -28,6 +28,7 @@ import torch
 from botorch.fit import fit_gpytorch_mll
 from botorch.models.utils.gpytorch_modules import get_covar_module_with_dim_scaled_prior
 from gpytorch.kernels import ScaleKernel
+from gpytorch.means import ZeroMean
 
 from streamgp import WiskiGP, WoodburyMarginalLogLikelihood
 from streamgp.utils.machine import machine_info
@@ -44,7 +45,14 @@ def run(grid: int, n: int, args: argparse.Namespace, tkwargs: dict) -> dict:
     X, Y = data(n, tkwargs)
     covar = ScaleKernel(get_covar_module_with_dim_scaled_prior(ard_num_dims=D))
     start = time.perf_counter()
-    model = WiskiGP(X, Y, grid_size=grid, covar_module=covar.to(**tkwargs))
+    model = WiskiGP(
+        X,
+        Y,
+        grid_size=grid,
+        covar_module=covar.to(**tkwargs),
+        outcome_transform=None,
+        mean_module=ZeroMean(),
+    )
     build_s = time.perf_counter() - start
     model.love_tolerance = args.tolerance
     mll = WoodburyMarginalLogLikelihood(model.likelihood, model)

@@ -31,6 +31,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 from gpytorch.kernels import RBFKernel
+from gpytorch.means import ZeroMean
 
 from streamgp import WiskiGP
 from streamgp.utils.machine import machine_info, median_seconds
@@ -47,7 +48,14 @@ def data(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def build(X: torch.Tensor, Y: torch.Tensor) -> WiskiGP:
-    model = WiskiGP(X, Y, grid_size=GRID, covar_module=RBFKernel(ard_num_dims=D))
+    model = WiskiGP(
+        X,
+        Y,
+        grid_size=GRID,
+        covar_module=RBFKernel(ard_num_dims=D),
+        outcome_transform=None,
+        mean_module=ZeroMean(),
+    )
     model.covar_module.lengthscale = 0.3
     model.likelihood.noise = 0.01
     return model

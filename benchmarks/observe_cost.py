@@ -26,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 from gpytorch.kernels import RBFKernel
+from gpytorch.means import ZeroMean
 
 from streamgp import WiskiGP
 from streamgp.utils.machine import machine_info
@@ -39,7 +40,14 @@ def data(n: int):
 
 
 def build(X, Y) -> WiskiGP:
-    model = WiskiGP(X, Y, grid_size=GRID, covar_module=RBFKernel(ard_num_dims=D))
+    model = WiskiGP(
+        X,
+        Y,
+        grid_size=GRID,
+        covar_module=RBFKernel(ard_num_dims=D),
+        outcome_transform=None,
+        mean_module=ZeroMean(),
+    )
     model.covar_module.lengthscale = 0.3
     model.likelihood.noise = 0.01
     return model

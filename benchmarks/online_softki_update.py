@@ -31,6 +31,7 @@ import pandas as pd
 import torch
 from gpytorch.kernels import RBFKernel, ScaleKernel
 from gpytorch.likelihoods import GaussianLikelihood
+from gpytorch.means import ZeroMean
 
 from streamgp.inducing.kmeans import KMeansSelector
 from streamgp.models.online_softki import OnlineSoftKIGP
@@ -94,6 +95,8 @@ def main() -> None:
         covar_module=kernel,
         inducing_points=Z,
         pretrain_epochs=0,
+        outcome_transform=None,
+        mean_module=ZeroMean(),
     )
     temperature = model.temperature.item()
     rows = []
@@ -113,6 +116,8 @@ def main() -> None:
             covar_module=kernel,
             inducing_points=Z,
             temperature=temperature,
+            outcome_transform=None,
+            mean_module=ZeroMean(),
         )
         start = time.perf_counter()
         predict(batch, Xs)

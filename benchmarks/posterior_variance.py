@@ -25,6 +25,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 from gpytorch.kernels import RBFKernel, ScaleKernel
+from gpytorch.means import ZeroMean
 
 from streamgp import WiskiGP
 from streamgp.utils.machine import machine_info, median_seconds
@@ -47,7 +48,14 @@ def main() -> None:
         for n in (500, 4000):
             X = torch.rand(n, 2, dtype=torch.float64)
             Y = torch.sin(5 * X).sum(-1, keepdim=True)
-            model = WiskiGP(X, Y, grid_size=grid, covar_module=ScaleKernel(RBFKernel()))
+            model = WiskiGP(
+                X,
+                Y,
+                grid_size=grid,
+                covar_module=ScaleKernel(RBFKernel()),
+                outcome_transform=None,
+                mean_module=ZeroMean(),
+            )
             model.covar_module.base_kernel.lengthscale = 0.2
             model.likelihood.noise = 0.01
             Xs = torch.rand(T, 2, dtype=torch.float64)

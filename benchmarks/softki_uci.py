@@ -52,6 +52,7 @@ import pandas as pd
 import torch
 from gpytorch.kernels import InducingPointKernel, RBFKernel, ScaleKernel
 from gpytorch.likelihoods import GaussianLikelihood
+from gpytorch.means import ZeroMean
 
 from streamgp.datasets import load_dataset
 from streamgp.inducing.kmeans import KMeansSelector
@@ -147,6 +148,8 @@ def run_softki(split: dict, seed: int, args) -> dict:
         num_inducing=args.softki_m,
         temperature=1.0 if args.temperature == "paper" else None,
         seed=seed,
+        outcome_transform=None,
+        mean_module=ZeroMean(),
     )
     if args.temperature == "paper":
         model.raw_temperature.requires_grad_(False)  # Definition 4.1: T = 1, fixed

@@ -22,6 +22,7 @@ from botorch.fit import fit_gpytorch_mll
 from botorch.models import SingleTaskGP
 from botorch.models.transforms import Normalize, Standardize
 from botorch.test_functions import Branin
+from gpytorch.means import ZeroMean
 from gpytorch.mlls import ExactMarginalLogLikelihood
 
 from streamgp import WiskiGP, WoodburyMarginalLogLikelihood
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         grid_size=args.grid_size,
         input_transform=Normalize(2, bounds=bounds),
         outcome_transform=Standardize(1),
+        mean_module=ZeroMean(),
     )
     fit_gpytorch_mll(WoodburyMarginalLogLikelihood(wiski.likelihood, wiski))
     exact = SingleTaskGP(

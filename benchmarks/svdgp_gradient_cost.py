@@ -54,6 +54,7 @@ def build(m_alpha: int, tkwargs: dict) -> tuple[DecoupledSVGP, torch.Tensor, tor
         learn_inducing_points=True,
         num_init_steps=0,
         warm_start=False,
+        outcome_transform=None,
     )
     with torch.no_grad():
         model.mean_weights.normal_()

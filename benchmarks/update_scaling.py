@@ -30,6 +30,7 @@ import pandas as pd
 import torch
 from botorch.models import SingleTaskGP
 from gpytorch.kernels import GridInterpolationKernel, RBFKernel
+from gpytorch.means import ZeroMean
 
 from streamgp import WiskiGP
 from streamgp.utils.machine import machine_info
@@ -61,7 +62,14 @@ def build(kind, n, tkwargs):
     X, Y = data(n, tkwargs)
     if kind.startswith("wiski"):
         grid = int(kind.removeprefix("wiski_g")) if kind != "wiski" else GRID
-        model = WiskiGP(X, Y, grid_size=grid, covar_module=RBFKernel(ard_num_dims=D))
+        model = WiskiGP(
+            X,
+            Y,
+            grid_size=grid,
+            covar_module=RBFKernel(ard_num_dims=D),
+            outcome_transform=None,
+            mean_module=ZeroMean(),
+        )
     elif kind == "exact":
         model = SingleTaskGP(X, Y, covar_module=RBFKernel(ard_num_dims=D), outcome_transform=None)
     else:
