@@ -55,11 +55,12 @@ def test_surrogate_restandardizes_on_all_data_at_each_refit(name, options):
     gen = torch.Generator().manual_seed(0)
     X0, Y0 = _data(5, gen, high=0.05)
     X1, Y1 = _data(100, gen)
-    surrogate = make_surrogate(name, X0, Y0, restandardize=True, **options)
+    surrogate = make_surrogate(name, X0, Y0, **options)
+    assert surrogate.restandardize  # the loops' default: SingleTaskGP's specification
     # Re-standardised outcomes have unit variance: BoTorch's unscaled kernel is the default
-    # (and WISKI learns SingleTaskGP's constant mean).
+    # (and the models learn SingleTaskGP's constant mean).
     assert not isinstance(surrogate.model.covar_module, ScaleKernel)
-    assert isinstance(surrogate.model.mean_module, ConstantMean) == (name == "wiski")
+    assert isinstance(surrogate.model.mean_module, ConstantMean)
     surrogate.update(X1, Y1)
     transform = surrogate.model.outcome_transform
     assert torch.allclose(transform.stdvs, Y0.std())  # frozen between refits
@@ -70,10 +71,10 @@ def test_surrogate_restandardizes_on_all_data_at_each_refit(name, options):
     noise_sd = (surrogate.model.likelihood.noise.sqrt() * transform.stdvs).item()
     assert 0.7 * NOISE_SD < noise_sd < 1.4 * NOISE_SD
     # Known noise: the statistics keep noise-weighted sums only, so it stays frozen and
-    # the scaled kernel stays the default.
-    fixed = make_surrogate(name, X0, Y0, torch.ones_like(Y0), restandardize=True, **options)
+    # the scaled kernel stays the default; the learned constant absorbs the level's drift.
+    fixed = make_surrogate(name, X0, Y0, torch.ones_like(Y0), **options)
     assert isinstance(fixed.model.covar_module, ScaleKernel)
-    assert fixed.model.mean_module is None
+    assert isinstance(fixed.model.mean_module, ConstantMean)
     fixed.update(X1, Y1, torch.ones_like(Y1))
     fixed.fit(max_iter=2)
     assert torch.allclose(fixed.model.outcome_transform.stdvs, Y0.std())

@@ -20,6 +20,7 @@ from botorch.optim import optimize_acqf
 from botorch.optim.closures import get_loss_closure
 from botorch.sampling import SobolQMCNormalSampler
 from gpytorch.mlls import ExactMarginalLogLikelihood, SumMarginalLogLikelihood
+from oracles import without_defaults
 from oracles.sgpr import rel_err, titsias
 
 from streamgp.interpolation.grid import GridExtrapolationWarning
@@ -146,7 +147,7 @@ def test_online_sgpr_fit_is_the_sgpr_fit_of_its_last_batch():
     """Built from one batch, the fit maximises Titsias' bound and the posterior follows."""
     X = torch.rand(30, 2, dtype=DTYPE)
     Y = torch.sin(5 * X).sum(-1, keepdim=True) + 0.1 * torch.randn(30, 1, dtype=DTYPE)
-    model = OnlineSGPR(X, Y, inducing_points=X[:10], jitter=1e-10)
+    model = OnlineSGPR(X, Y, inducing_points=X[:10], jitter=1e-10, **without_defaults())
     mll = ExactMarginalLogLikelihood(model.likelihood, model)
     value, n = model.fit_objective()
     with torch.no_grad():
@@ -161,6 +162,7 @@ def test_online_sgpr_fit_is_the_sgpr_fit_of_its_last_batch():
         Y,
         inducing_points=X[:10],
         jitter=1e-10,
+        **without_defaults(),
         covar_module=copy.deepcopy(model.covar_module),
         likelihood=copy.deepcopy(model.likelihood),
     )
@@ -215,6 +217,7 @@ def test_warm_started_predictions_equal_a_fresh_model_with_those_hyperparameters
             num_inducing=8,
             covar_module=copy.deepcopy(fresh.covar_module),
             likelihood=copy.deepcopy(fresh.likelihood),
+            mean_module=copy.deepcopy(fresh.mean_module),
             input_transform=Normalize(3, bounds=BOUNDS),
             outcome_transform=Standardize(1),
         )

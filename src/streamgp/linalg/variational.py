@@ -20,6 +20,10 @@ Gaussian Processes for Online Decision-Making", NeurIPS 2021) are built from:
   prior.
 - :func:`whiten_gaussian`: the whitened parameters ``(L^-1 (mu - mean), L^-1 S L^-T)``
   of a Gaussian over inducing values, used to warm-start ``q(u)`` on a new inducing set.
+- :func:`optimal_whitened_posterior`: with a Gaussian likelihood, the ``q(v)`` that
+  maximises the (beta-weighted) streaming bound in closed form. At that ``q`` the bound
+  is the collapsed bound (Titsias 2009 for one batch, Bui et al. 2017 for a stream), so
+  the hyperparameters can be fitted by quasi-Newton steps on it, as an exact GP's are.
 """
 
 from __future__ import annotations
@@ -143,3 +147,72 @@ def whiten_gaussian(
     S_w = torch.linalg.solve_triangular(prior_root, half.mT, upper=False)
     S_w = 0.5 * (S_w + S_w.mT)
     return m_w, psd_safe_cholesky(S_w)
+
+
+def optimal_whitened_posterior(
+    weights: Tensor,
+    residual: Tensor,
+    noise: Tensor,
+    beta: float,
+    old: tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor] | None = None,
+) -> tuple[Tensor, Tensor]:
+    r"""The whitened ``q(v) = N(m, R R^T)`` maximising the streaming bound, Gaussian likelihood.
+
+    With ``u = mu_Z + L v`` (``L L^T = K_ZZ``), ``v ~ N(0, I)`` a priori, the data enter
+    through ``f_X = mu_X + W v + (independent of v)``, ``W = K_XZ L^-T``, and the old
+    inducing values through ``a = mu_a + W_a v + ...``. The objective of
+    :class:`~streamgp.models.OnlineSVGP`,
+
+    .. math::
+
+        \sum_i \mathbb{E}_q \log N(y_i \mid f_i, \sigma^2) - \beta \big[
+        \mathrm{KL}(q(v) \| N(0, I))
+        + \mathbb{E}_q \log \frac{p(a \mid \theta_{old})}{q_{old}(a)} \big],
+
+    divided by ``beta`` is ``E_q[log t(v)] - KL(q || N(0, I))`` for a Gaussian factor
+    ``t``, so its maximiser is ``N(P^-1 eta, P^-1)`` with
+
+    .. math::
+
+        P = I + \frac{W^T W}{\beta \sigma^2} + W_a^T (S_{old}^{-1} - K_{old}^{-1}) W_a,
+        \quad \eta = \frac{W^T r}{\beta \sigma^2}
+        + W_a^T [S_{old}^{-1} (m_{old} - \mu_a) - K_{old}^{-1} (\mu_{old} - \mu_a)],
+
+    ``r = y - mu_X`` (Bui et al. 2017, section 3.1, with the tempered likelihood of the
+    generalized-VI weight). ``beta = 1`` and no old posterior give Titsias' optimum.
+
+    Args:
+        weights: ``n x M`` whitened cross-covariance ``W = K_XZ L^-T`` of the batch.
+        residual: ``n`` targets minus the prior mean, ``r``.
+        noise: Scalar noise variance ``sigma^2``.
+        beta: The weight of the KL terms.
+        old: ``(W_a, mu_a, m_old, R_old, mu_old, L_old)``: the whitened cross-covariance
+            ``K_aZ L^-T`` of the old inducing points ``a``, the current prior mean at
+            ``a``, the old posterior's mean and lower root, the old prior mean and the
+            Cholesky factor of the old ``K_aa``; None before the first batch.
+
+    Returns:
+        ``(m, R)``: the mean and a lower-triangular root of the covariance of ``q(v)``.
+
+    Raises:
+        torch.linalg.LinAlgError: if ``P`` is not positive definite (an old posterior
+            wider than its prior in some direction), where the bound has no maximiser.
+    """
+    scale = 1.0 / (beta * noise)
+    precision = scale * (weights.mT @ weights)
+    eta = scale * (weights.mT @ residual.unsqueeze(-1)).squeeze(-1)
+    if old is not None:
+        W_a, mu_a, old_mean, old_root, old_prior_mean, old_prior_root = old
+        posterior_solve = torch.cholesky_solve(W_a, old_root)  # S_old^-1 W_a
+        prior_solve = torch.cholesky_solve(W_a, old_prior_root)  # K_old^-1 W_a
+        precision = precision + W_a.mT @ (posterior_solve - prior_solve)
+        eta = eta + posterior_solve.mT @ (old_mean - mu_a) - prior_solve.mT @ (old_prior_mean - mu_a)
+    eye = torch.eye(precision.shape[-1], dtype=precision.dtype, device=precision.device)
+    precision = eye + 0.5 * (precision + precision.mT)
+    mean = torch.cholesky_solve(eta.unsqueeze(-1), torch.linalg.cholesky(precision)).squeeze(-1)
+    # A lower root of P^-1 without factorising P^-1 (tiny eigenvalues when beta * noise is
+    # small): with J the reversal, J P J = C C^T gives P^-1 = (J C^-T J)(J C^-T J)^T, and
+    # J C^-T J is lower triangular.
+    C = torch.linalg.cholesky(precision.flip(-2, -1))
+    C_inv = torch.linalg.solve_triangular(C, eye, upper=False)
+    return mean, C_inv.mT.flip(-2, -1)

@@ -54,6 +54,8 @@ References:
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +65,7 @@ from botorch.models.model import FantasizeMixin
 from botorch.models.transforms.input import InputTransform
 from botorch.models.transforms.outcome import OutcomeTransform
 from botorch.models.utils.inducing_point_allocators import GreedyVarianceReduction
+from botorch.optim.fit import fit_gpytorch_mll_scipy
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel, RBFKernel, ScaleKernel
 from gpytorch.likelihoods import (
@@ -79,6 +82,7 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from torch import Tensor
 
 from streamgp.linalg.variational import (
+    optimal_whitened_posterior,
     streaming_kl_correction,
     whiten_gaussian,
 )
@@ -654,6 +658,95 @@ class OnlineSVGP(
             )
             self._optimizer = None
 
+    def optimal_variational_parameters(self) -> tuple[Tensor, Tensor]:
+        r"""The whitened ``q(v)`` maximising the streaming objective of the last batch.
+
+        Gaussian likelihood only: the objective is quadratic in the mean of ``q`` and
+        concave in its covariance, so its maximiser at the current hyperparameters is
+        closed-form (:func:`~streamgp.linalg.variational.optimal_whitened_posterior`,
+        ``O(B M^2 + M^3)``). At it the streaming ELBO equals the collapsed bound
+        (Titsias' for the constructor's batch when ``beta = 1``).
+
+        Returns:
+            ``(m, R)``: the whitened mean and lower-triangular root, as
+            :meth:`_SparseVariationalGP.set_variational_parameters` takes them.
+        """
+        self._check_not_conditioned("optimal_variational_parameters")
+        if not self.is_gaussian:
+            raise RuntimeError("The optimal q(u) is closed-form for a Gaussian likelihood only.")
+        if self.last_batch is None:
+            raise RuntimeError("The model has absorbed no data; there is nothing to fit.")
+        X, y = self.last_batch
+        strategy = self.model.variational_strategy
+        Z = strategy.inducing_points
+        kernel, mean = self.model.covar_module, self.model.mean_module
+        eye = torch.eye(len(Z), dtype=Z.dtype, device=Z.device)
+        # The whitening factor of gpytorch's strategy (K_ZZ plus its jitter).
+        L = psd_safe_cholesky(kernel(Z).to_dense() + strategy.jitter_val * eye)
+
+        def whitened(points: Tensor) -> Tensor:
+            return torch.linalg.solve_triangular(L, kernel(Z, points).to_dense(), upper=False).mT
+
+        old = self.frozen_posterior
+        if old is not None:
+            a = old.inducing_points
+            old = (whitened(a), mean(a), old.mean, old.root, old.prior_mean, old.prior_root)
+        return optimal_whitened_posterior(
+            whitened(X), y - mean(X), self.likelihood.noise.reshape(()), self.beta, old
+        )
+
+    def custom_fit(
+        self,
+        mll: Any,
+        closure: Callable[..., Any] | None = None,
+        closure_kwargs: dict[str, Any] | None = None,
+        optimizer_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        r"""What ``botorch.fit.fit_gpytorch_mll`` runs: the streaming ELBO to convergence.
+
+        With a Gaussian likelihood ``q(u)`` is held at its closed-form optimum
+        (:meth:`optimal_variational_parameters`) for the current hyperparameters, so
+        :meth:`fit_objective` is the collapsed bound, and the hyperparameters (and
+        learned inducing points) are fitted by L-BFGS-B, as BoTorch fits
+        ``SingleTaskGP`` (see :func:`fit_collapsed`). Otherwise (a Bernoulli likelihood,
+        a closure of the caller's, or an old posterior for which the bound has no
+        maximiser in ``q``), ``num_init_steps`` steps of the model's own optimizer on
+        the joint objective (``optimizer_kwargs["step_limit"]`` steps if given).
+
+        Returns:
+            ``mll`` in eval mode. If the fit fails, the model is restored and the error
+            is raised.
+        """
+        if self.is_gaussian and closure is None:
+            self._check_not_conditioned("fit")
+            try:
+                self.optimal_variational_parameters()
+            except torch.linalg.LinAlgError:
+                warnings.warn(
+                    "The streaming bound has no maximiser in q(u) (the frozen old posterior "
+                    "is wider than its prior in some direction); fitting with first-order "
+                    "steps instead.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            else:
+                distribution = self.model.variational_strategy._variational_distribution
+
+                def set_optimum() -> None:
+                    self.model.set_variational_parameters(*self.optimal_variational_parameters())
+
+                return fit_collapsed(
+                    self, mll, list(distribution.parameters()), set_optimum, optimizer_kwargs
+                )
+        return super().custom_fit(
+            mll,
+            closure=closure,
+            closure_kwargs=closure_kwargs,
+            optimizer_kwargs=optimizer_kwargs,
+            **kwargs,
+        )
+
     def fit_objective(self) -> tuple[Tensor, Tensor | int]:
         r"""The streaming ELBO of the last absorbed batch, and the number of observations.
 
@@ -661,7 +754,8 @@ class OnlineSVGP(
         expected log likelihood minus ``beta`` times the KL terms against the frozen old
         posterior), which accounts for every observation. ``fit_gpytorch_mll`` with any
         marginal likelihood wrapping the model optimises it to convergence, jointly in the
-        variational parameters and the hyperparameters.
+        variational parameters and the hyperparameters (with a Gaussian likelihood, with
+        ``q`` at its closed-form optimum: see :meth:`custom_fit`).
         """
         self._check_not_conditioned("fit_objective")
         if self.last_batch is None:
@@ -681,6 +775,74 @@ class OnlineSVGP(
         self.likelihood.eval()
         self.model.variational_strategy._clear_cache()
         self._cache_snapshot = None
+
+
+def fit_collapsed(
+    model: Any,
+    mll: Any,
+    variational: list[Tensor],
+    set_optimum: Callable[[], None],
+    optimizer_kwargs: dict[str, Any] | None = None,
+) -> Any:
+    r"""Fit a variational model's hyperparameters with ``q`` at its closed-form optimum.
+
+    Before every evaluation, ``set_optimum`` sets the variational parameters to the
+    maximiser of the model's objective at the current hyperparameters; the objective
+    (``model.compute_custom_loss``) is then the collapsed bound, and its gradient in the
+    hyperparameters at that ``q`` is the collapsed bound's gradient (the partial
+    derivative in ``q`` vanishes at the optimum). L-BFGS-B (BoTorch's
+    ``fit_gpytorch_mll_scipy``, with the parameter bounds it derives) then fits the
+    hyperparameters to convergence, as for an exact GP, in tens to hundreds of
+    evaluations, instead of first-order steps on ``q`` and the hyperparameters jointly.
+
+    Args:
+        model: The model (with ``compute_custom_loss`` and ``_guarded``).
+        mll: The marginal likelihood BoTorch passed (its priors are added).
+        variational: The variational parameters ``set_optimum`` sets (not optimised).
+        set_optimum: Sets them to the optimum at the current hyperparameters.
+        optimizer_kwargs: ``options`` (scipy's, e.g. ``{"maxiter": 100}``),
+            ``step_limit`` (an iteration cap, as for the first-order fit), and
+            ``method``, ``bounds``, ``callback``, ``timeout_sec`` of
+            ``fit_gpytorch_mll_scipy``.
+
+    Returns:
+        ``mll`` in eval mode. If the fit fails, the model is restored and the error is
+        raised.
+    """
+    kwargs = dict(optimizer_kwargs or {})
+    options = dict(kwargs.pop("options", None) or {})
+    step_limit = kwargs.pop("step_limit", None)
+    if step_limit is not None:
+        options.setdefault("maxiter", int(step_limit))
+    scipy_kwargs = {
+        key: kwargs[key] for key in ("method", "bounds", "callback", "timeout_sec") if key in kwargs
+    }
+    held = {id(p) for p in variational}
+    parameters = {
+        name: p for name, p in mll.named_parameters() if p.requires_grad and id(p) not in held
+    }
+
+    def closure() -> tuple[Tensor, tuple[Tensor | None, ...]]:
+        with torch.no_grad():
+            set_optimum()
+        loss = model.compute_custom_loss(mll)
+        grads = torch.autograd.grad(loss, list(parameters.values()), allow_unused=True)
+        return loss.detach(), grads
+
+    def fit() -> None:
+        if parameters:
+            fit_gpytorch_mll_scipy(
+                mll, parameters=parameters, closure=closure, options=options, **scipy_kwargs
+            )
+        with torch.no_grad():
+            set_optimum()
+
+    mll.train()
+    try:
+        model._guarded(fit)
+    finally:
+        mll.eval()
+    return mll
 
 
 def _check_likelihood(likelihood: object) -> None:

@@ -48,6 +48,7 @@ References:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -74,7 +75,7 @@ from streamgp.linalg.decoupled import (
     mean_kl_term,
 )
 from streamgp.models.base import StreamingModelMixin
-from streamgp.models.osvgp import _check_binary, _check_likelihood
+from streamgp.models.osvgp import _check_binary, _check_likelihood, fit_collapsed
 from streamgp.models.utils import (
     FrozenTransformsMixin,
     JointConditioningMixin,
@@ -459,8 +460,15 @@ class DecoupledSVGP(
         ``replay_size``), so this is the ELBO of all data, or an unbiased estimate of its
         expected log likelihood; the KL is exact. ``fit_gpytorch_mll`` with any marginal
         likelihood wrapping the model maximises it in the variational parameters and the
-        hyperparameters together.
+        hyperparameters together (with a Gaussian likelihood, with ``(a, L)`` at their
+        closed-form optimum: see :meth:`custom_fit`).
         """
+        self._check_fittable()
+        return self.elbo(self._replay_X, self._replay_y, num_data=self.num_observed), (
+            self.num_observed
+        )
+
+    def _check_fittable(self) -> None:
         if self._conditioning is not None:
             raise RuntimeError(
                 "fit_objective is not available on a conditioned (fantasy) model; fit the "
@@ -471,25 +479,71 @@ class DecoupledSVGP(
                 "The replay set is empty (replay_size=0 or no data), so the ELBO has no "
                 "data term; fit with observe's steps instead."
             )
-        return self.elbo(self._replay_X, self._replay_y, num_data=self.num_observed), (
-            self.num_observed
-        )
 
     # ------------------------------------------------------------- streaming
-    def _set_optimal_parameters(self, X_t: Tensor, y: Tensor) -> None:
-        r"""Closed-form ``(a, L)`` on ``(X_t, y)`` at the current hyperparameters."""
+    def _set_optimal_parameters(self, X_t: Tensor, y: Tensor, num_data: int | None = None) -> None:
+        r"""Closed-form ``(a, L)`` on ``(X_t, y)`` at the current hyperparameters.
+
+        ``num_data``: the number of points ``(X_t, y)`` stand for, as in :meth:`elbo`
+        (the likelihood term scaled by ``num_data / len(y)`` is that of a noise variance
+        scaled by ``len(y) / num_data``).
+        """
         with torch.no_grad():
             alpha, beta = self.mean_basis, self.covar_basis
+            noise = self.likelihood.noise.reshape(())
+            if num_data is not None:
+                noise = noise * (len(y) / num_data)
             weights, root = gaussian_optimal_parameters(
                 self._kernel(alpha, alpha),
                 self._kernel(X_t, alpha),
                 y - self.mean_module(X_t),
                 self._kernel(beta, beta),
                 self._kernel(X_t, beta),
-                self.likelihood.noise.reshape(()),
+                noise,
             )
             self.mean_weights.copy_(weights)
             self.covar_root.copy_(root)
+
+    def custom_fit(
+        self,
+        mll: Any,
+        closure: Callable[..., Any] | None = None,
+        closure_kwargs: dict[str, Any] | None = None,
+        optimizer_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        r"""What ``botorch.fit.fit_gpytorch_mll`` runs: :meth:`fit_objective` to convergence.
+
+        With a Gaussian likelihood ``(a, L)`` are held at their closed-form optimum on
+        the replay set (:func:`~streamgp.linalg.decoupled.gaussian_optimal_parameters`,
+        ``O(n M_alpha^2 + M_alpha^3)`` per evaluation) for the current hyperparameters,
+        so the objective is the collapsed decoupled bound, and the hyperparameters (and
+        learned bases) are fitted by L-BFGS-B, as BoTorch fits ``SingleTaskGP`` (see
+        :func:`~streamgp.models.osvgp.fit_collapsed`). Otherwise (a Bernoulli
+        likelihood, or a closure of the caller's), ``num_init_steps`` steps of the
+        model's own optimizer on the joint objective (``optimizer_kwargs["step_limit"]``
+        steps if given).
+
+        Returns:
+            ``mll`` in eval mode. If the fit fails, the model is restored and the error
+            is raised.
+        """
+        if self.is_gaussian and closure is None:
+            self._check_fittable()
+
+            def set_optimum() -> None:
+                self._set_optimal_parameters(self._replay_X, self._replay_y, self.num_observed)
+
+            return fit_collapsed(
+                self, mll, [self.mean_weights, self.covar_root], set_optimum, optimizer_kwargs
+            )
+        return super().custom_fit(
+            mll,
+            closure=closure,
+            closure_kwargs=closure_kwargs,
+            optimizer_kwargs=optimizer_kwargs,
+            **kwargs,
+        )
 
     def _trainable_parameters(self) -> list[Tensor]:
         return [p for p in self.parameters() if p.requires_grad]
