@@ -12,12 +12,14 @@ import pytest
 import torch
 from gpytorch.kernels import RBFKernel, ScaleKernel
 from oracles import gaussian_conditioning, rel_err
+from oracles.sgpr import bui_bound
 from oracles.variational import pseudo_point_conditioning, svgp_predictive, titsias_optimum
 from torch.distributions import MultivariateNormal, kl_divergence
 
 from streamgp.linalg.variational import (
     condition_on_noisy_observations,
     gaussian_cross_entropy,
+    optimal_whitened_posterior,
     streaming_kl_correction,
     whiten_gaussian,
 )
@@ -221,3 +223,82 @@ def test_whiten_gaussian_singular_covariance_gets_a_root():
     ref_S = L_inv @ covar @ L_inv.T
     # Only jitter separates the root from the exact singular matrix.
     assert rel_err(S_w_root @ S_w_root.T, ref_S) < 1e-5
+
+
+# ------------------------------------------------- closed-form q of the streaming bound
+def _kernel(lengthscale, outputscale):
+    kernel = ScaleKernel(RBFKernel()).to(DTYPE)
+    kernel.base_kernel.lengthscale = lengthscale
+    kernel.outputscale = outputscale
+    return kernel.requires_grad_(False)
+
+
+def _whitening(kernel, Z, rel_jitter=1e-10):
+    K_zz = kernel(Z).to_dense()
+    K_zz = K_zz + rel_jitter * K_zz.diagonal().mean() * torch.eye(len(Z), dtype=DTYPE)
+    L = torch.linalg.cholesky(K_zz)
+    return K_zz, L, lambda X: torch.linalg.solve_triangular(L, kernel(Z, X).to_dense(), upper=False).T
+
+
+def _unwhiten(L, mean_z, m_w, R):
+    return mean_z + L @ m_w, L @ R @ R.T @ L.T
+
+
+@pytest.mark.parametrize("beta", [1.0, 1e-3])
+def test_optimal_whitened_posterior_is_titsias_optimum_at_noise_beta_s2(beta):
+    """One batch: the beta-weighted ELBO's optimum is Titsias' with noise beta * s2."""
+    gen = torch.Generator().manual_seed(0)
+    X = torch.rand(30, 1, dtype=DTYPE, generator=gen)
+    y = torch.sin(6 * X.squeeze(-1)) + 0.1 * torch.randn(30, dtype=DTYPE, generator=gen)
+    Z = torch.linspace(0.05, 0.95, 6, dtype=DTYPE).unsqueeze(-1)
+    kernel, noise, prior = _kernel(0.2, 1.3), torch.tensor(0.01, dtype=DTYPE), 0.2
+    K_zz, L, whitened = _whitening(kernel, Z)
+    m_w, R = optimal_whitened_posterior(whitened(X), y - prior, noise, beta)
+    assert torch.equal(R, R.tril())
+    m, S = _unwhiten(L, prior, m_w, R)
+    ref_m, ref_S = titsias_optimum(
+        K_zz, kernel(Z, X).to_dense(), y, beta * noise.item(), torch.full((6,), prior), prior
+    )
+    assert rel_err(m, ref_m) < 1e-8 and rel_err(S, ref_S) < 1e-8
+
+
+def test_optimal_whitened_posterior_is_bui_et_al_streaming_optimum():
+    """Second batch, new hyperparameters and inducing points: Bui et al.'s optimal q(b)."""
+    gen = torch.Generator().manual_seed(1)
+    X = torch.rand(40, 1, dtype=DTYPE, generator=gen)
+    y = torch.sin(6 * X.squeeze(-1)) + 0.1 * torch.randn(40, dtype=DTYPE, generator=gen)
+    X1, y1, X2, y2 = X[:20], y[:20], X[20:], y[20:]
+    noise = torch.tensor(0.02, dtype=DTYPE)
+    a = torch.linspace(0.05, 0.95, 5, dtype=DTYPE).unsqueeze(-1)
+    old_kernel, kernel = _kernel(0.2, 1.3), _kernel(0.25, 1.1)
+    K_aa_old, L_old, _ = _whitening(old_kernel, a)
+    zeros_a = torch.zeros(5, dtype=DTYPE)
+    m_a, S_a = titsias_optimum(K_aa_old, old_kernel(a, X1).to_dense(), y1, noise.item(), zeros_a, 0.0)
+    b = torch.linspace(0.0, 1.0, 7, dtype=DTYPE).unsqueeze(-1)
+    _, L, whitened = _whitening(kernel, b)
+    old = (whitened(a), zeros_a, m_a, torch.linalg.cholesky(S_a), zeros_a, L_old)
+    m_w, R = optimal_whitened_posterior(whitened(X2), y2, noise, 1.0, old)
+    m, S = _unwhiten(L, 0.0, m_w, R)
+    _, ref_m, ref_S = bui_bound(
+        kernel, noise, X2, y2, b, a, m_a, S_a, K_aa_old, torch.tensor(0.0, dtype=DTYPE), 1e-10
+    )
+    assert rel_err(m, ref_m) < 1e-7 and rel_err(S, ref_S) < 1e-7
+
+
+def test_optimal_whitened_posterior_raises_where_the_bound_is_unbounded():
+    """An old posterior 10x wider than its prior, and a new prior twice as wide: the
+    whitened precision I + W_a^T (S_old^-1 - K_old^-1) W_a = (1 - 2 * 0.9) I."""
+    a = torch.linspace(0.05, 0.95, 4, dtype=DTYPE).unsqueeze(-1)
+    K_old, L_old, _ = _whitening(_kernel(0.3, 1.0), a, rel_jitter=0.0)
+    _, L, whitened = _whitening(_kernel(0.3, 2.0), a, rel_jitter=0.0)
+    zeros = torch.zeros(4, dtype=DTYPE)
+    old = (whitened(a), zeros, zeros, 10**0.5 * L_old, zeros, L_old)
+    empty = torch.zeros(0, 1, dtype=DTYPE)
+    with pytest.raises(torch.linalg.LinAlgError):
+        optimal_whitened_posterior(whitened(empty), empty[:, 0], torch.tensor(0.1), 1.0, old)
+    # Half as wide instead: the old data's factor q_old / p_old has precision
+    # 4 K^-1 - K^-1; with the new prior 2 K the posterior precision is 3.5 K^-1.
+    old = (whitened(a), zeros, zeros, 0.5 * L_old, zeros, L_old)
+    m_w, R = optimal_whitened_posterior(whitened(empty), empty[:, 0], torch.tensor(0.1), 1.0, old)
+    _, S = _unwhiten(L, 0.0, m_w, R)
+    assert rel_err(S, K_old / 3.5) < 1e-8

@@ -720,24 +720,29 @@ class OnlineSVGP(
         """
         if self.is_gaussian and closure is None:
             self._check_not_conditioned("fit")
+            distribution = self.model.variational_strategy._variational_distribution
+
+            def set_optimum() -> None:
+                try:
+                    optimum = self.optimal_variational_parameters()
+                except torch.linalg.LinAlgError as error:
+                    raise NoVariationalOptimumError(
+                        "The streaming bound is unbounded in q(u) at these hyperparameters."
+                    ) from error
+                self.model.set_variational_parameters(*optimum)
+
             try:
-                self.optimal_variational_parameters()
-            except torch.linalg.LinAlgError:
-                warnings.warn(
-                    "The streaming bound has no maximiser in q(u) (the frozen old posterior "
-                    "is wider than its prior in some direction); fitting with first-order "
-                    "steps instead.",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-            else:
-                distribution = self.model.variational_strategy._variational_distribution
-
-                def set_optimum() -> None:
-                    self.model.set_variational_parameters(*self.optimal_variational_parameters())
-
                 return fit_collapsed(
                     self, mll, list(distribution.parameters()), set_optimum, optimizer_kwargs
+                )
+            except NoVariationalOptimumError:  # the model was restored
+                warnings.warn(
+                    "The streaming bound has no maximiser in q(u) at some hyperparameters (the "
+                    "frozen old posterior is wider than its prior in some direction, e.g. "
+                    "after few optimizer steps per batch); fitting with the model's "
+                    "first-order steps instead.",
+                    RuntimeWarning,
+                    stacklevel=2,
                 )
         return super().custom_fit(
             mll,
@@ -777,6 +782,15 @@ class OnlineSVGP(
         self._cache_snapshot = None
 
 
+class NoVariationalOptimumError(RuntimeError):
+    r"""The objective has no maximiser in the variational parameters at these hyperparameters.
+
+    Raised by ``set_optimum`` in :func:`fit_collapsed`; deliberately not a
+    ``torch.linalg.LinAlgError`` (BoTorch's closures turn those into NaN losses, which
+    end an L-BFGS-B run at the failing point).
+    """
+
+
 def fit_collapsed(
     model: Any,
     mll: Any,
@@ -799,7 +813,8 @@ def fit_collapsed(
         model: The model (with ``compute_custom_loss`` and ``_guarded``).
         mll: The marginal likelihood BoTorch passed (its priors are added).
         variational: The variational parameters ``set_optimum`` sets (not optimised).
-        set_optimum: Sets them to the optimum at the current hyperparameters.
+        set_optimum: Sets them to the optimum at the current hyperparameters; raises
+            :class:`NoVariationalOptimumError` where there is none.
         optimizer_kwargs: ``options`` (scipy's, e.g. ``{"maxiter": 100}``),
             ``step_limit`` (an iteration cap, as for the first-order fit), and
             ``method``, ``bounds``, ``callback``, ``timeout_sec`` of
