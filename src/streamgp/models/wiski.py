@@ -502,7 +502,8 @@ class WiskiGP(
                 f"{name} differs between outputs (after the outcome transform): the "
                 f"outputs of a multi-output WiskiGP share one noise variance per row. Use a "
                 "ModelListGP of single-output models, or an outcome transform that scales "
-                "all outputs alike."
+                "all outputs alike (outcome_transform=None: the default Standardize scales "
+                "each output by its own deviation)."
             )
         return Yvar[..., 0]
 
