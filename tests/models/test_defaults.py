@@ -96,7 +96,9 @@ NOT_YET_WITHIN_2X = {
     [
         pytest.param(
             cls,
-            marks=[pytest.mark.xfail(strict=True, reason=NOT_YET_WITHIN_2X[cls])]
+            marks=[
+                pytest.mark.xfail(strict=True, raises=AssertionError, reason=NOT_YET_WITHIN_2X[cls])
+            ]
             if cls in NOT_YET_WITHIN_2X
             else [],
         )
@@ -112,8 +114,10 @@ def test_class_swap_predicts_as_single_task_gp(cls, swap_data, single_task_gp_rm
     assert isinstance(model.mean_module, ConstantMean)
     _fit(model)
     rmse = _rmse(model, X_test, Y_test)
-    # Before the defaults every model but LocalGP and DecoupledSVGP was off by ~100.
-    assert rmse <= 10 * single_task_gp_rmse, (cls.__name__, rmse, single_task_gp_rmse)
+    # Before the defaults every model but LocalGP and DecoupledSVGP was off by ~100: a
+    # failure here is never expected (pytest.fail, not an AssertionError the xfail takes).
+    if not rmse < 0.6 * Y_test.std().item():
+        pytest.fail(f"{cls.__name__}: RMSE {rmse:.3g} is off by the targets' level")
     assert rmse <= 2 * single_task_gp_rmse, (cls.__name__, rmse, single_task_gp_rmse)
 
 
