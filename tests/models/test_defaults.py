@@ -79,10 +79,12 @@ def single_task_gp_rmse(swap_data):
     return _rmse(exact, X_test, Y_test)
 
 
-#: Models whose fit on 40 points is still more than 2x SingleTaskGP's RMSE with every
-#: default in place (measured: OnlineSVGP 3.07, DecoupledSVGP 1.23, SoftKIGP 4.36,
-#: OnlineSoftKIGP 2.32 against 0.49): their approximations, not the defaults (each was
-#: off by about 100 before). Strict: the test says when one of them reaches 2x.
+#: Models whose fit on 40 points can still be more than 2x SingleTaskGP's RMSE with every
+#: default in place (measured under pytest: OnlineSVGP 3.07, DecoupledSVGP 1.23, SoftKIGP
+#: 4.36, OnlineSoftKIGP 2.32 against 0.49; the same fits with one torch thread reached
+#: 0.15 and 0.13 for the two SVGPs, so their L-BFGS fits are bimodal): their
+#: approximations, not the defaults (each was off by about 100 before). Not strict for
+#: that reason; the level check below still fails hard.
 NOT_YET_WITHIN_2X = {
     OnlineSVGP: "variational fit of q(u) and hyperparameters",
     DecoupledSVGP: "variational fit of the decoupled bases",
@@ -97,7 +99,9 @@ NOT_YET_WITHIN_2X = {
         pytest.param(
             cls,
             marks=[
-                pytest.mark.xfail(strict=True, raises=AssertionError, reason=NOT_YET_WITHIN_2X[cls])
+                pytest.mark.xfail(
+                    strict=False, raises=AssertionError, reason=NOT_YET_WITHIN_2X[cls]
+                )
             ]
             if cls in NOT_YET_WITHIN_2X
             else [],
@@ -194,7 +198,7 @@ def drift_references():
 STREAM_OPTIONS = {OnlineSoftKIGP: ({"keep_data": True}, lambda m: m.refit_points())}
 #: OnlineSVGP's Adam steps (lr 0.01) move the constant too slowly for a jump of ten
 #: standard deviations within 60 points: RMSE about 28 against the reference's 3
-#: (about 10 with lr=0.1). Strict: the test reports when this is fixed.
+#: (about 10 with lr=0.1). Not strict: its fit is as thread-sensitive as in the swap.
 SLOW_TO_ABSORB = {OnlineSVGP}
 
 
@@ -203,7 +207,7 @@ SLOW_TO_ABSORB = {OnlineSVGP}
     [
         pytest.param(
             cls,
-            marks=[pytest.mark.xfail(strict=True, reason="constant learned too slowly")]
+            marks=[pytest.mark.xfail(strict=False, reason="constant learned too slowly")]
             if cls in SLOW_TO_ABSORB
             else [],
         )
