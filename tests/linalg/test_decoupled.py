@@ -231,3 +231,21 @@ def test_gaussian_optimal_parameters_with_fewer_points_than_basis_pad_the_root()
     K_b_inv = torch.linalg.inv(K_b + 1e-12 * K_b.diagonal().mean() * torch.eye(6, dtype=DTYPE))
     B = K_b_inv @ K_xb.T @ K_xb @ K_b_inv / noise
     assert rel_err(L @ L.T, B) < 1e-5
+
+
+@pytest.mark.parametrize("noise", [1e-2, 1e-4])
+def test_gaussian_optimal_mean_is_accurate_for_a_smooth_kernel_and_small_noise(noise):
+    """Mean basis at the data, K_alpha numerically singular (condition ~1e19): the
+    posterior mean K a is the exact GP's ``K (K + s2 I)^-1 r`` to 1e-9 (the normal
+    equations ``(K^2 + s2 K) a = K r`` lose ~6 digits at s2 = 1e-4)."""
+    kernel = make_kernel()
+    kernel.base_kernel.lengthscale, kernel.outputscale = 0.3, 2.0
+    gen = torch.Generator().manual_seed(0)
+    X = torch.rand(40, 1, dtype=DTYPE, generator=gen)
+    r = torch.sin(6 * X.squeeze(-1))
+    noise = torch.tensor(noise, dtype=DTYPE)
+    K_xx = K(kernel, X, X)
+    a, _ = gaussian_optimal_parameters(K_xx, K_xx, r, K_xx[:5, :5], K_xx[:, :5], noise)
+    eye = torch.eye(40, dtype=DTYPE)
+    exact = K_xx @ torch.cholesky_solve(r.unsqueeze(-1), torch.linalg.cholesky(K_xx + noise * eye))
+    assert rel_err(K_xx @ a, exact.squeeze(-1)) < 1e-9

@@ -237,7 +237,11 @@ def _whitening(kernel, Z, rel_jitter=1e-10):
     K_zz = kernel(Z).to_dense()
     K_zz = K_zz + rel_jitter * K_zz.diagonal().mean() * torch.eye(len(Z), dtype=DTYPE)
     L = torch.linalg.cholesky(K_zz)
-    return K_zz, L, lambda X: torch.linalg.solve_triangular(L, kernel(Z, X).to_dense(), upper=False).T
+    return (
+        K_zz,
+        L,
+        lambda X: torch.linalg.solve_triangular(L, kernel(Z, X).to_dense(), upper=False).T,
+    )
 
 
 def _unwhiten(L, mean_z, m_w, R):
@@ -273,7 +277,9 @@ def test_optimal_whitened_posterior_is_bui_et_al_streaming_optimum():
     old_kernel, kernel = _kernel(0.2, 1.3), _kernel(0.25, 1.1)
     K_aa_old, L_old, _ = _whitening(old_kernel, a)
     zeros_a = torch.zeros(5, dtype=DTYPE)
-    m_a, S_a = titsias_optimum(K_aa_old, old_kernel(a, X1).to_dense(), y1, noise.item(), zeros_a, 0.0)
+    m_a, S_a = titsias_optimum(
+        K_aa_old, old_kernel(a, X1).to_dense(), y1, noise.item(), zeros_a, 0.0
+    )
     b = torch.linspace(0.0, 1.0, 7, dtype=DTYPE).unsqueeze(-1)
     _, L, whitened = _whitening(kernel, b)
     old = (whitened(a), zeros_a, m_a, torch.linalg.cholesky(S_a), zeros_a, L_old)

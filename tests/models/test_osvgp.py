@@ -8,6 +8,7 @@ import pytest
 import torch
 from botorch.acquisition import qKnowledgeGradient, qNegIntegratedPosteriorVariance
 from botorch.fit import fit_gpytorch_mll
+from botorch.models import SingleTaskGP
 from botorch.models.transforms import Standardize
 from botorch.optim import optimize_acqf
 from botorch.sampling import SobolQMCNormalSampler
@@ -15,6 +16,7 @@ from gpytorch.kernels import RBFKernel, ScaleKernel
 from gpytorch.likelihoods import BernoulliLikelihood, GaussianLikelihood
 from gpytorch.means import ConstantMean, ZeroMean
 from gpytorch.mlls import ExactMarginalLogLikelihood
+from oracles import rel_err
 from oracles.variational import (
     collapsed_bound,
     pseudo_point_conditioning,
@@ -23,6 +25,7 @@ from oracles.variational import (
 )
 
 from streamgp.models import OnlineSVGP
+from streamgp.models.osvgp import FrozenPosterior
 
 DT = torch.float64
 NOISE = 0.01
@@ -557,3 +560,121 @@ def test_constant_is_learned_by_observe_steps_and_fit_gpytorch_mll():
     assert second > first + 0.2
     fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
     assert model.mean_module.constant.item() > second
+
+
+# ---------------------------------------------- fit_gpytorch_mll: the collapsed bound
+def _fit(model: OnlineSVGP) -> None:
+    model.train()
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
+    model.eval()
+
+
+def _hyperparameters(model) -> torch.Tensor:
+    kernel = model.covar_module
+    return torch.cat(
+        [
+            kernel.base_kernel.lengthscale.reshape(-1),
+            kernel.outputscale.reshape(-1),
+            model.likelihood.noise.reshape(-1),
+            model.mean_module.constant.reshape(-1),
+        ]
+    ).detach()
+
+
+def _valid_stream(beta: float = 1e-3) -> OnlineSVGP:
+    """Defaults (Standardize, learned constant); q at its optimum on the first batch, so
+    the frozen old posterior is a genuine one; then steps move the hyperparameters."""
+    X, Y = _toy(40)
+    Y = Y + 1.0
+    model = OnlineSVGP(X[:20], Y[:20], num_inducing=6, num_init_steps=20, lr=0.05, beta=beta)
+    model.model.set_variational_parameters(*model.optimal_variational_parameters(model.beta))
+    model.observe(X[20:], Y[20:], num_steps=10)
+    return model
+
+
+@pytest.mark.parametrize("beta", [1.0, 1e-3])
+def test_closed_form_q_is_stationary_for_the_models_own_loss(beta):
+    """Learned constant, an old posterior under other hyperparameters: gpytorch's
+    streaming loss has zero gradient in q at the closed form (for either KL weight)."""
+    model = _valid_stream()
+    model.model.set_variational_parameters(*model.optimal_variational_parameters(beta))
+    model.beta = beta
+    loss, grad = _variational_grad(model, *model.last_batch)
+    assert grad.abs().max() < 1e-8
+    # And a maximum: a perturbed q has a larger loss.
+    dist = model.model.variational_strategy._variational_distribution
+    with torch.no_grad():
+        dist.variational_mean.add_(1e-3)
+    model.model.variational_strategy._clear_cache()
+    assert _variational_grad(model, *model.last_batch)[0] > loss
+
+
+def test_fit_with_inducing_points_at_the_data_is_the_exact_gp_fit():
+    """Z = X, fixed: the collapsed bound is the exact log marginal likelihood, so
+    fit_gpytorch_mll finds the exact GP's hyperparameters and posterior (same kernel,
+    mean and likelihood, no priors)."""
+    X, Y = _toy(30)
+    exact = SingleTaskGP(
+        X,
+        Y,
+        likelihood=GaussianLikelihood(),
+        covar_module=ScaleKernel(RBFKernel()),
+        mean_module=ConstantMean(),
+        outcome_transform=None,
+    )
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(exact.likelihood, exact))
+    model = OnlineSVGP(X, Y, inducing_points=X, learn_inducing_points=False, outcome_transform=None)
+    _fit(model)
+    assert rel_err(_hyperparameters(model), _hyperparameters(exact)) < 1e-3
+    X_test = torch.linspace(0, 1, 50, dtype=DT).unsqueeze(-1)
+    with torch.no_grad():
+        p, ref = model.posterior(X_test), exact.posterior(X_test)
+    assert rel_err(p.mean, ref.mean) < 1e-3 and rel_err(p.variance, ref.variance) < 1e-2
+
+
+def test_fit_converges_with_q_at_its_optimum_and_beats_first_order_steps():
+    """A stream, the defaults: the fit ends at a stationary point of Bui et al.'s bound
+    in the hyperparameters and inducing points, with q at its closed form there."""
+    model = _valid_stream()
+    mll = ExactMarginalLogLikelihood(model.likelihood, model)
+    model.train()
+    before = -model.compute_custom_loss(mll).item()
+    _fit(model)
+    m, R = model.optimal_variational_parameters()
+    dist = model.model.variational_strategy._variational_distribution
+    assert torch.equal(dist.variational_mean, m) and torch.equal(dist.chol_variational_covar, R)
+    model.train()
+    loss = model.compute_custom_loss(mll)
+    held = {id(p) for p in dist.parameters()}
+    params = [p for p in mll.parameters() if p.requires_grad and id(p) not in held]
+    assert len(params) == 5  # lengthscale, outputscale, noise, constant, inducing points
+    grads = torch.autograd.grad(loss, params)
+    assert max(g.abs().max().item() for g in grads) < 1e-3
+    assert -loss.item() > before + 0.1  # per datum
+
+
+def test_fit_without_a_maximiser_in_q_warns_and_takes_first_order_steps():
+    """An old posterior 9x wider than an old prior with a quarter of today's variance:
+    Bui et al.'s bound is unbounded in q; the fit falls back to the beta-weighted steps."""
+    X, Y = _toy(22)
+    model = OnlineSVGP(X[:20], Y[:20], num_inducing=6, num_init_steps=0, lr=0.01)
+    model.observe(X[20:], Y[20:], num_steps=0)
+    model.num_init_steps = 20  # the fallback's steps
+    old = model.frozen_posterior
+    model.frozen_posterior = FrozenPosterior(
+        inducing_points=old.inducing_points,
+        mean=old.mean,
+        root=1.5 * old.prior_root,
+        prior_mean=old.prior_mean,
+        prior_root=0.5 * old.prior_root,
+    )
+    with pytest.raises(torch.linalg.LinAlgError):
+        model.optimal_variational_parameters()
+    model.train()
+    loss_before = model.streaming_loss(*model.last_batch).item()
+    hyperparameters = _hyperparameters(model)
+    with pytest.warns(RuntimeWarning, match="no maximiser"):
+        _fit(model)
+    model.train()
+    assert model.streaming_loss(*model.last_batch).item() < loss_before
+    assert not torch.equal(_hyperparameters(model), hyperparameters)

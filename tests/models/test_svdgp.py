@@ -22,6 +22,7 @@ from gpytorch.means import ConstantMean, ZeroMean
 from gpytorch.mlls import ExactMarginalLogLikelihood, VariationalELBO
 from gpytorch.models import ApproximateGP
 from gpytorch.variational import CholeskyVariationalDistribution, UnwhitenedVariationalStrategy
+from oracles import rel_err
 from oracles.svdgp import svgp_elbo, svgp_parameters_from_decoupled
 
 from streamgp.linalg.decoupled import (
@@ -639,3 +640,64 @@ def test_constant_is_learned_by_observe_steps_and_fit_gpytorch_mll():
     assert second > first + 0.05
     fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
     assert model.mean_module.constant.item() > second
+
+
+# ---------------------------------------------- fit_gpytorch_mll: the collapsed bound
+def _hyperparameters(model) -> torch.Tensor:
+    kernel = model.covar_module
+    return torch.cat(
+        [
+            kernel.base_kernel.lengthscale.reshape(-1),
+            kernel.outputscale.reshape(-1),
+            model.likelihood.noise.reshape(-1),
+            model.mean_module.constant.reshape(-1),
+        ]
+    ).detach()
+
+
+def test_fit_with_bases_at_the_data_is_the_exact_gp_fit():
+    """Both bases at the data: the collapsed decoupled bound is the exact log marginal
+    likelihood, so fit_gpytorch_mll finds the exact GP's hyperparameters and posterior."""
+    X, Y = _toy(30)
+    exact = SingleTaskGP(
+        X,
+        Y,
+        likelihood=GaussianLikelihood(),
+        covar_module=ScaleKernel(RBFKernel()),
+        mean_module=ConstantMean(),
+        outcome_transform=None,
+    )
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(exact.likelihood, exact))
+    model = DecoupledSVGP(
+        X, Y, mean_basis=X, covar_basis=X, outcome_transform=None, num_init_steps=0
+    )
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
+    assert rel_err(_hyperparameters(model), _hyperparameters(exact)) < 1e-6
+    X_test = torch.linspace(0, 1, 50, dtype=DT).unsqueeze(-1)
+    with torch.no_grad():
+        p, ref = model.posterior(X_test), exact.posterior(X_test)
+    assert rel_err(p.mean, ref.mean) < 1e-6 and rel_err(p.variance, ref.variance) < 1e-5
+
+
+def test_fit_holds_a_and_L_at_their_optimum_on_the_replay_set_scaled_to_all_data():
+    """A replay set of half the stream: the fit's (a, L) maximise the scaled ELBO, and
+    the fit ends at a stationary point in the hyperparameters."""
+    X, Y = _toy(40, d=2)
+    model = DecoupledSVGP(X[:20], Y[:20], replay_size=20, max_covar_basis=8, num_init_steps=20)
+    model.observe(X[20:], Y[20:])
+    assert len(model._replay_y) == 20 and model.num_observed == 40
+    mll = ExactMarginalLogLikelihood(model.likelihood, model)
+    model.train()
+    before = -model.compute_custom_loss(mll).item()
+    fit_gpytorch_mll(mll)
+    model.train()
+    loss = model.compute_custom_loss(mll)
+    assert -loss.item() > before
+    variational = [model.mean_weights, model.covar_root]
+    others = [
+        p for p in mll.parameters() if p.requires_grad and all(p is not v for v in variational)
+    ]
+    grads = torch.autograd.grad(loss, variational + others)
+    assert grads[0].abs().max() < 1e-6 * max(1.0, model.mean_weights.abs().max().item())
+    assert grads[1].tril().abs().max() < 1e-6
+    assert max(g.abs().max().item() for g in grads[2:]) < 1e-3

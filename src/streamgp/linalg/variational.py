@@ -206,7 +206,9 @@ def optimal_whitened_posterior(
         posterior_solve = torch.cholesky_solve(W_a, old_root)  # S_old^-1 W_a
         prior_solve = torch.cholesky_solve(W_a, old_prior_root)  # K_old^-1 W_a
         precision = precision + W_a.mT @ (posterior_solve - prior_solve)
-        eta = eta + posterior_solve.mT @ (old_mean - mu_a) - prior_solve.mT @ (old_prior_mean - mu_a)
+        eta = (
+            eta + posterior_solve.mT @ (old_mean - mu_a) - prior_solve.mT @ (old_prior_mean - mu_a)
+        )
     eye = torch.eye(precision.shape[-1], dtype=precision.dtype, device=precision.device)
     precision = eye + 0.5 * (precision + precision.mT)
     mean = torch.cholesky_solve(eta.unsqueeze(-1), torch.linalg.cholesky(precision)).squeeze(-1)

@@ -18,9 +18,12 @@ Gaussian Processes", AISTATS 2021, appendix B, Eq. A.8):
 with ``q(a) = \int p(a | b, theta) q(b) db``. ``beta = 1`` is Bui et al.'s bound;
 ``beta = 1e-3`` (the default, as in Stanton et al.) lets one optimizer step per batch
 move the posterior. Each batch costs ``O(B M^2 + M^3)`` per step, whatever the
-number of points seen so far. The variational posterior uses gpytorch's whitened
-``VariationalStrategy`` with a ``CholeskyVariationalDistribution``; Gaussian and
-Bernoulli (probit, quadrature) likelihoods are supported.
+number of points seen so far. ``fit_gpytorch_mll`` maximises Bui et al.'s bound
+(``beta = 1``) to convergence: with a Gaussian likelihood ``q(b)`` is then held at its
+closed-form optimum, and L-BFGS-B fits the hyperparameters to the collapsed bound.
+The variational posterior uses gpytorch's whitened ``VariationalStrategy`` with a
+``CholeskyVariationalDistribution``; Gaussian and Bernoulli (probit, quadrature)
+likelihoods are supported.
 
 Conditioning (Gaussian likelihood only): :meth:`OnlineSVGP.condition_on_observations`
 is online variational conditioning (Maddox, Stanton & Wilson, "Conditioning Sparse
@@ -86,6 +89,7 @@ from streamgp.linalg.variational import (
     streaming_kl_correction,
     whiten_gaussian,
 )
+from streamgp.mlls.objective import per_datum_objective
 from streamgp.models.base import StreamingModelMixin
 from streamgp.models.utils import (
     FrozenTransformsMixin,
@@ -220,7 +224,8 @@ class OnlineSVGP(
         mean_module: Prior mean. Default: a ``ConstantMean()`` learned with the other
             hyperparameters, as in ``SingleTaskGP``.
         likelihood: ``GaussianLikelihood`` (default) or ``BernoulliLikelihood``.
-        beta: Weight of the KL terms (``1`` is Bui et al.'s bound).
+        beta: Weight of the KL terms in the steps of :meth:`observe` and :meth:`refine`
+            (``1`` is Bui et al.'s bound, which ``fit_gpytorch_mll`` maximises).
         num_steps: Optimizer steps per :meth:`observe` call.
         num_init_steps: Optimizer steps on the constructor's data.
         lr: Learning rate of the default Adam optimizer.
@@ -471,11 +476,12 @@ class OnlineSVGP(
                 prior_root=psd_safe_cholesky(K + strategy.jitter_val * eye),
             )
 
-    def streaming_loss(self, X: Tensor, y: Tensor) -> Tensor:
+    def streaming_loss(self, X: Tensor, y: Tensor, beta: float | None = None) -> Tensor:
         r"""Negative streaming objective (Eq. A.8) on a transformed batch ``(X, y)``.
 
         Uses the current frozen old posterior (none before the first batch, where the
-        objective is the beta-weighted SVGP ELBO of that batch).
+        objective is the beta-weighted SVGP ELBO of that batch). ``beta``: the weight
+        of the KL terms (default: ``self.beta``, that of the per-batch steps).
         """
         q_f = self.model(X)
         expected_log_lik = self.likelihood.expected_log_prob(y, q_f).sum()
@@ -491,7 +497,7 @@ class OnlineSVGP(
                 old.prior_mean,
                 old.prior_root,
             )
-        return -expected_log_lik + self.beta * kl
+        return -expected_log_lik + (self.beta if beta is None else beta) * kl
 
     def _absorb(self, X_t: Tensor, y: Tensor, num_steps: int, select: bool = True) -> None:
         r"""One streaming update on a transformed, validated batch.
@@ -658,14 +664,18 @@ class OnlineSVGP(
             )
             self._optimizer = None
 
-    def optimal_variational_parameters(self) -> tuple[Tensor, Tensor]:
+    def optimal_variational_parameters(self, beta: float = 1.0) -> tuple[Tensor, Tensor]:
         r"""The whitened ``q(v)`` maximising the streaming objective of the last batch.
 
         Gaussian likelihood only: the objective is quadratic in the mean of ``q`` and
         concave in its covariance, so its maximiser at the current hyperparameters is
         closed-form (:func:`~streamgp.linalg.variational.optimal_whitened_posterior`,
         ``O(B M^2 + M^3)``). At it the streaming ELBO equals the collapsed bound
-        (Titsias' for the constructor's batch when ``beta = 1``).
+        (Titsias' for the constructor's batch, Bui et al.'s for later ones).
+
+        Args:
+            beta: The weight of the KL terms: 1 (default) for :meth:`fit_objective`'s
+                bound, ``self.beta`` for the objective of the per-batch steps.
 
         Returns:
             ``(m, R)``: the whitened mean and lower-triangular root, as
@@ -692,7 +702,7 @@ class OnlineSVGP(
             a = old.inducing_points
             old = (whitened(a), mean(a), old.mean, old.root, old.prior_mean, old.prior_root)
         return optimal_whitened_posterior(
-            whitened(X), y - mean(X), self.likelihood.noise.reshape(()), self.beta, old
+            whitened(X), y - mean(X), self.likelihood.noise.reshape(()), beta, old
         )
 
     def custom_fit(
@@ -703,16 +713,20 @@ class OnlineSVGP(
         optimizer_kwargs: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> Any:
-        r"""What ``botorch.fit.fit_gpytorch_mll`` runs: the streaming ELBO to convergence.
+        r"""What ``botorch.fit.fit_gpytorch_mll`` runs: :meth:`fit_objective` to convergence.
 
         With a Gaussian likelihood ``q(u)`` is held at its closed-form optimum
         (:meth:`optimal_variational_parameters`) for the current hyperparameters, so
-        :meth:`fit_objective` is the collapsed bound, and the hyperparameters (and
-        learned inducing points) are fitted by L-BFGS-B, as BoTorch fits
-        ``SingleTaskGP`` (see :func:`fit_collapsed`). Otherwise (a Bernoulli likelihood,
-        a closure of the caller's, or an old posterior for which the bound has no
-        maximiser in ``q``), ``num_init_steps`` steps of the model's own optimizer on
-        the joint objective (``optimizer_kwargs["step_limit"]`` steps if given).
+        :meth:`fit_objective` is the collapsed bound (Titsias' for the constructor's
+        batch, Bui et al.'s for later ones), and the hyperparameters (and learned
+        inducing points) are fitted by L-BFGS-B, as BoTorch fits ``SingleTaskGP`` (see
+        :func:`fit_collapsed`); with the inducing points at the data it is the exact GP's
+        fit. Otherwise (a Bernoulli likelihood, or a closure of the caller's),
+        ``num_init_steps`` steps of the model's own optimizer on the joint objective
+        (``optimizer_kwargs["step_limit"]`` steps if given). Where the frozen old
+        posterior is wider than its prior (few steps per batch can leave it so), Bui et
+        al.'s bound is unbounded in ``q`` at some hyperparameters; the fit then warns and
+        takes those steps on the ``beta``-weighted objective of :meth:`refine` instead.
 
         Returns:
             ``mll`` in eval mode. If the fit fails, the model is restored and the error
@@ -737,13 +751,21 @@ class OnlineSVGP(
                 )
             except NoVariationalOptimumError:  # the model was restored
                 warnings.warn(
-                    "The streaming bound has no maximiser in q(u) at some hyperparameters (the "
+                    "Bui et al.'s bound has no maximiser in q(u) at some hyperparameters (the "
                     "frozen old posterior is wider than its prior in some direction, e.g. "
                     "after few optimizer steps per batch); fitting with the model's "
-                    "first-order steps instead.",
+                    "first-order steps on its beta-weighted objective instead.",
                     RuntimeWarning,
                     stacklevel=2,
                 )
+
+            def per_batch_closure() -> tuple[Tensor, None]:
+                value = -self.streaming_loss(*self.last_batch)
+                loss = -per_datum_objective(mll, value, self.num_observed)
+                loss.backward()
+                return loss, None
+
+            closure, closure_kwargs = per_batch_closure, None
         return super().custom_fit(
             mll,
             closure=closure,
@@ -755,17 +777,24 @@ class OnlineSVGP(
     def fit_objective(self) -> tuple[Tensor, Tensor | int]:
         r"""The streaming ELBO of the last absorbed batch, and the number of observations.
 
-        The objective ``observe`` and :meth:`refine` step on (Eq. A.8: the batch's
-        expected log likelihood minus ``beta`` times the KL terms against the frozen old
-        posterior), which accounts for every observation. ``fit_gpytorch_mll`` with any
-        marginal likelihood wrapping the model optimises it to convergence, jointly in the
-        variational parameters and the hyperparameters (with a Gaussian likelihood, with
-        ``q`` at its closed-form optimum: see :meth:`custom_fit`).
+        Bui et al.'s bound (Eq. A.8 with ``beta = 1``: the batch's expected log
+        likelihood minus the KL terms against the frozen old posterior), which accounts
+        for every observation and, for the constructor's batch, is the SVGP ELBO: a lower
+        bound of the log marginal likelihood, the objective of a type-II maximum
+        likelihood fit. ``fit_gpytorch_mll`` with any marginal likelihood wrapping the
+        model maximises it (see :meth:`custom_fit`).
+
+        ``observe`` and :meth:`refine` step on the same objective with the KL terms
+        weighted by ``beta``. That weight lets first-order steps move ``q`` quickly; as a
+        hyperparameter objective it is degenerate: the trace term
+        ``tr(K_XX - Q_XX) / (2 sigma^2)`` keeps its full weight while the terms that
+        identify the prior's scale are weighted by ``beta``, so a converged fit shrinks
+        the outputscale (35-150x on 1-D toys with beta = 1e-3: overconfident predictions).
         """
         self._check_not_conditioned("fit_objective")
         if self.last_batch is None:
             raise RuntimeError("The model has absorbed no data; there is nothing to fit.")
-        return -self.streaming_loss(*self.last_batch), self.num_observed
+        return -self.streaming_loss(*self.last_batch, beta=1.0), self.num_observed
 
     def _check_not_conditioned(self, method: str) -> None:
         if self._conditioning is not None:
