@@ -50,7 +50,6 @@ OUTSIDE_X = torch.tensor([[0.5, 1.5], [0.2, 0.2]], dtype=DTYPE)
 OBSERVE_CASES = [
     ("nan X", dict(X=NAN_X, Y=GOOD_Y), ValueError, "X contains NaN"),
     ("inf Y", dict(X=GOOD_X, Y=INF_Y), ValueError, "Y contains NaN"),
-    ("outside grid", dict(X=OUTSIDE_X, Y=GOOD_Y), ValueError, "X has points outside grid_bounds"),
     ("Y rows", dict(X=GOOD_X, Y=torch.ones(3, 1, dtype=DTYPE)), ValueError, "Y has 3 rows"),
     ("Y outputs", dict(X=GOOD_X, Y=torch.ones(2, 2, dtype=DTYPE)), ValueError, "Y must have shape"),
     (
@@ -120,6 +119,17 @@ def test_fixed_noise_observe_rejects_bad_noise(fixed_model, case, kwargs, error,
     _assert_unchanged(fixed_model, snap)
 
 
+def test_observe_outside_the_grid_is_refused_without_kept_data():
+    # With keep_data=True (the default) the model re-grids instead (test_wiski_regrid.py).
+    X = torch.rand(20, 2, dtype=DTYPE)
+    model = WiskiGP(X, X.sum(-1, keepdim=True), grid_size=10, keep_data=False)
+    assert model.observations is None
+    snap = _snapshot(model)
+    with pytest.raises(ValueError, match="X has points outside grid_bounds"):
+        model.observe(OUTSIDE_X, GOOD_Y)
+    _assert_unchanged(model, snap)
+
+
 def test_condition_and_posterior_reject_bad_input(model):
     snap = _snapshot(model)
     with pytest.raises(ValueError, match="X has points outside grid_bounds"):
@@ -152,7 +162,9 @@ def test_constructor_rejects_bad_input():
     with pytest.raises(ValueError, match="train_Yvar must be strictly positive"):
         WiskiGP(X, Y, torch.zeros_like(Y))
     with pytest.raises(ValueError, match="train_X has points outside grid_bounds"):
-        WiskiGP(X + 2, Y)
+        WiskiGP(X + 2, Y, keep_data=False)
+    with pytest.raises(TypeError, match="keep_data must be a bool"):
+        WiskiGP(X, Y, keep_data=1)
     with pytest.raises(ValueError, match="grid_size"):
         WiskiGP(X, Y, grid_size=3)
     with pytest.raises(ValueError, match="grid_bounds"):
@@ -165,9 +177,9 @@ def test_constructor_rejects_bad_input():
         WiskiGP(X, Y, torch.ones_like(Y), likelihood=GaussianLikelihood())
 
 
-@pytest.mark.parametrize("model_cls", ["wiski", "kissgp"])
-def test_input_transforms_that_learn_the_grid_box_are_refused(model_cls):
-    cls = WiskiGP if model_cls == "wiski" else KissGP
+def test_input_transforms_that_learn_the_grid_box_are_refused_by_kissgp():
+    # WiskiGP keeps its data and re-grids, so it accepts them (test_wiski_regrid.py).
+    cls = KissGP
     X = 2.0 + 3.0 * torch.rand(6, 2, dtype=DTYPE)
     Y = torch.rand(6, 1, dtype=DTYPE)
     chained = ChainedInputTransform(norm=Normalize(2))

@@ -360,3 +360,81 @@ class CubicGridInterpolation:
     def to(self, device: torch.device | None = None, dtype: torch.dtype | None = None):
         r"""Return a copy on another device and/or dtype."""
         return CubicGridInterpolation(self.bounds.to(device=device, dtype=dtype), self.grid_size)
+
+
+# ------------------------------------------------------------- grid boxes from data
+#: Margin of a grid box beyond the data, on each side, as a fraction of the data's
+#: extent: a grid built on inputs normalised from the data themselves
+#: (``Normalize(d)`` without bounds) then also covers the search box around them, where
+#: acquisition functions evaluate, without re-gridding.
+GRID_MARGIN = 0.2
+#: A re-grid moves each side it has to move by at least this fraction of the box's
+#: extent, so the extent grows geometrically and a point at distance ``D`` beyond a box
+#: of extent ``E`` costs ``O(log(D / E))`` re-grids in all.
+GRID_GROWTH = 0.5
+
+
+def _extent(lower: Tensor, upper: Tensor) -> Tensor:
+    r"""``upper - lower``, with 1 where it is (numerically) zero (a single point)."""
+    extent = upper - lower
+    tiny = 1e-8 * torch.maximum(lower.abs(), upper.abs()).clamp_min(1.0)
+    return torch.where(extent > tiny, extent, torch.ones_like(extent))
+
+
+def data_grid_bounds(X: Tensor, around_data: bool) -> Tensor:
+    r"""The default ``2 x d`` grid box of (transformed) inputs ``X`` (``n x d``).
+
+    Args:
+        X: The transformed inputs the grid must cover (``n`` may be 0).
+        around_data: True when the inputs were normalised from these very data (an
+            input transform that learned its coefficients): the box is then the data's
+            box plus ``GRID_MARGIN`` of its extent on each side. False: the unit cube,
+            the search space of inputs normalised with known bounds, grown as
+            :func:`grown_grid_bounds` does where the data reach beyond it.
+
+    Example:
+        >>> X = torch.tensor([[0.0, 0.5], [1.0, 1.0]], dtype=torch.float64)
+        >>> data_grid_bounds(X, around_data=True)
+        tensor([[-0.2000,  0.4000],
+                [ 1.2000,  1.1000]], dtype=torch.float64)
+        >>> data_grid_bounds(X, around_data=False)
+        tensor([[0., 0.],
+                [1., 1.]], dtype=torch.float64)
+    """
+    dim = X.shape[-1]
+    unit = torch.stack([torch.zeros(dim), torch.ones(dim)]).to(X)
+    if len(X) == 0:
+        return unit
+    if not around_data:
+        grown = grown_grid_bounds(unit, X)
+        return unit if grown is None else grown
+    lower, upper = X.min(0).values, X.max(0).values
+    margin = GRID_MARGIN * _extent(lower, upper)
+    return torch.stack([lower - margin, upper + margin])
+
+
+def grown_grid_bounds(bounds: Tensor, X: Tensor, rtol: float = 1e-6) -> Tensor | None:
+    r"""A larger grid box that covers ``X`` (``... x d``), or None if ``bounds`` does.
+
+    Each side that a point passes (by more than ``rtol`` of the extent, the tolerance of
+    :meth:`CubicGridInterpolation.check_inside`) moves beyond the farthest point by
+    ``GRID_MARGIN`` of the current extent, and by at least ``GRID_GROWTH`` of it.
+
+    Example:
+        >>> unit = torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=torch.float64)
+        >>> grown_grid_bounds(unit, torch.tensor([[0.5, 1.1]], dtype=torch.float64))
+        tensor([[0.0000, 0.0000],
+                [1.0000, 1.5000]], dtype=torch.float64)
+    """
+    lower, upper = bounds[0], bounds[1]
+    extent = upper - lower
+    points = X.reshape(-1, X.shape[-1])
+    if len(points) == 0:
+        return None
+    low, high = points.min(0).values, points.max(0).values
+    below, above = low < lower - rtol * extent, high > upper + rtol * extent
+    if not bool((below | above).any()):
+        return None
+    new_lower = torch.minimum(low - GRID_MARGIN * extent, lower - GRID_GROWTH * extent)
+    new_upper = torch.maximum(high + GRID_MARGIN * extent, upper + GRID_GROWTH * extent)
+    return torch.stack([torch.where(below, new_lower, lower), torch.where(above, new_upper, upper)])

@@ -35,6 +35,13 @@ never need rescaling; the learned constant mean absorbs a drift of the targets' 
 at the next fit, and :meth:`WiskiGP.restandardize` re-estimates the standardisation
 from all data exactly.
 
+The grid follows the data. By default the model also keeps its raw observations
+(``O(n d)`` memory, amortised ``O(q)`` per batch): an observation outside the grid's box
+triggers an exact re-grid (a box grown geometrically past it, the statistics rebuilt from
+all kept data), so ``Normalize(d)`` without bounds, whose box is learned from the first
+batch, works as it does for ``SingleTaskGP``. ``keep_data=False`` keeps memory constant in
+``n`` and refuses observations outside the box instead.
+
 LOVE (Pleiss et al., "Constant-Time Predictive Distributions for Gaussian
 Processes", ICML 2018; :mod:`streamgp.linalg.love`). Inside
 ``gpytorch.settings.fast_pred_var()`` or ``fast_pred_samples()`` the posterior
@@ -115,6 +122,8 @@ from streamgp.interpolation.grid import (
     EXTRAPOLATION_POLICIES,
     CubicGridInterpolation,
     InterpolationWeights,
+    data_grid_bounds,
+    grown_grid_bounds,
 )
 from streamgp.linalg.data_space import DataCorrection, DataPosterior
 from streamgp.linalg.grid_kernel import GridKernelRoot, grid_kernel_root, is_separable
@@ -136,15 +145,16 @@ from streamgp.models.utils import (
     shallow_view,
     transform_new_data,
 )
+from streamgp.models.utils.observations import ObservationStore
 from streamgp.settings import skip_value_checks
 from streamgp.utils.validation import (
     check_choice,
     check_conditioning_data,
     check_count,
-    check_grid_input_transform,
     check_grid_model_data,
     check_new_observations,
     check_tensor,
+    learns_input_coefficients,
 )
 
 #: Total grid points aimed at by the default ``grid_size`` on a CPU: the dense exact
@@ -189,11 +199,26 @@ def build_grid(
     grid_size: int | Sequence[int] | None,
     covar_module: Kernel,
     max_dense_grid: int,
+    *,
+    follow_data: bool = False,
+    around_data: bool = False,
 ) -> tuple[CubicGridInterpolation, bool]:
-    r"""The fixed grid of an SKI model and whether it is too large for a dense root.
+    r"""The grid of an SKI model and whether it is too large for a dense root.
 
-    ``grid_bounds`` defaults to the unit cube; the transformed training inputs must lie
-    inside it. Grids above ``max_dense_grid`` points need a Kronecker-structured kernel.
+    Args:
+        train_X: The training inputs (dtype and device).
+        transformed_X: The transformed training inputs the grid must cover.
+        grid_bounds: ``2 x d`` box of the grid, or None for the default.
+        grid_size: Points per dimension, or None for :func:`default_grid_size` of the box.
+        covar_module: The base kernel (grids above ``max_dense_grid`` need a
+            Kronecker-structured one).
+        max_dense_grid: Largest grid with a dense root.
+        follow_data: The model keeps its data and re-grids: the default box is
+            :func:`~streamgp.interpolation.grid.data_grid_bounds` and a box the data
+            pass is grown (:func:`~streamgp.interpolation.grid.grown_grid_bounds`).
+            False: the default box is the unit cube and data outside the box are refused.
+        around_data: The inputs were normalised from these data (see
+            :func:`~streamgp.interpolation.grid.data_grid_bounds`).
 
     Returns:
         The grid interpolation and ``structured`` (``m > max_dense_grid``).
@@ -201,9 +226,20 @@ def build_grid(
     dim = train_X.shape[-1]
     tkwargs = {"dtype": train_X.dtype, "device": train_X.device}
     if grid_bounds is None:
-        grid_bounds = torch.stack([torch.zeros(dim), torch.ones(dim)]).to(**tkwargs)
+        if follow_data:
+            grid_bounds = data_grid_bounds(transformed_X.detach(), around_data)
+        else:
+            grid_bounds = torch.stack([torch.zeros(dim), torch.ones(dim)]).to(**tkwargs)
     else:
         check_tensor(grid_bounds, "grid_bounds", like=train_X, min_dim=2, last_dim=dim)
+        if grid_bounds.shape != (2, dim) or not bool((grid_bounds[1] > grid_bounds[0]).all()):
+            raise ValueError(
+                f"grid_bounds must be 2 x {dim} with every upper bound above its lower bound, "
+                f"got {grid_bounds.tolist()}."
+            )
+        if follow_data:
+            grown = grown_grid_bounds(grid_bounds, transformed_X.detach())
+            grid_bounds = grid_bounds if grown is None else grown
     interpolation = CubicGridInterpolation(
         grid_bounds,
         default_grid_size(dim, grid_bounds, train_X.device) if grid_size is None else grid_size,
@@ -224,7 +260,14 @@ _GRID_FIELDS = ("A", "b", "c", "n", "sum_log_noise", "sum_noise")
 #: ``state_dict`` entries that belong to the data rather than to the hyperparameters:
 #: the statistics (``stat_`` in checkpoints written before data space existed) and the
 #: frozen transforms fitted on the first batch.
-_DATA_KEY_PREFIXES = ("statistics.", "stat_", "input_transform.", "outcome_transform.")
+_DATA_KEY_PREFIXES = (
+    "statistics.",
+    "stat_",
+    "input_transform.",
+    "outcome_transform.",
+    "observations.",
+    "grid.",
+)
 
 
 class WiskiGP(
@@ -255,9 +298,12 @@ class WiskiGP(
             dimension in 2-D, 10 in 3-D) and 4096 on CUDA (64, 16), with one spacing
             for every axis of ``grid_bounds``.
         grid_bounds: ``2 x d`` box covered by the grid, in the (transformed) input
-            space. Default: the unit cube, so inputs should be normalised, e.g. with
-            ``Normalize(d, bounds=bounds)``. The grid is fixed: observations outside it
-            are rejected, never used to rebuild it; predictions follow
+            space. Default: the unit cube (the search space of inputs normalised with
+            ``Normalize(d, bounds=bounds)``, or already in it); with an input transform
+            that learns its coefficients from ``train_X`` (``Normalize(d)`` without
+            bounds, as in BoTorch's tutorials), the transformed data's box plus
+            ``GRID_MARGIN`` (20%) of its extent on each side. A box the data pass is grown
+            to cover them (see ``keep_data``). Predictions outside follow
             ``extrapolation``.
         covar_module: Base kernel (not a ``GridInterpolationKernel``). Default:
             BoTorch's ``SingleTaskGP`` kernel (RBF with dimension-scaled priors).
@@ -271,7 +317,8 @@ class WiskiGP(
             (default) predicts at the nearest point of the box and warns
             (``GridExtrapolationWarning``), so BoTorch code that probes beyond the
             search box (qLogNEI's infeasible-cost estimate) never fails mid-loop;
-            ``"error"`` raises ``ValueError``. Observations outside are always refused.
+            ``"error"`` raises ``ValueError``. Observations outside re-grid (see
+            ``keep_data``).
         data_space_limit: Largest number of observations kept in data space (rows
             and ``n x n`` matrices); past it they are folded into grid statistics
             for good. Default: ``min(m, MAX_DENSE_GRID)``, where the two costs cross.
@@ -287,6 +334,16 @@ class WiskiGP(
             statistics from the start, with a dense root; a subclass whose points are not
             a grid also overrides :meth:`kernel_root`. Not with ``grid_size``,
             ``grid_bounds`` or ``data_space_limit``.
+        keep_data: Keep the raw observations (``X``, ``Y`` and ``Yvar``: ``O(n (d + 2k))``
+            memory, amortised ``O(q)`` per batch; :attr:`observations`), so that an
+            observation outside the grid's box triggers an exact re-grid: the box grows
+            geometrically past it (``GRID_GROWTH``: each moved side by at least half the
+            extent, so ``O(log)`` re-grids in the distance), the grid keeps its
+            ``grid_size`` (or its default for the new box), and the statistics are rebuilt
+            from all kept data (``O(n 4^d + m^3)``, after which the model equals one built
+            on the new grid). Hyperparameters are kept. False: constant memory; an
+            observation outside the box is then refused with a ``ValueError``. Not with
+            ``interpolation`` (its points are not a grid).
         mean_module: The prior mean: None (default) for ``SingleTaskGP``'s learned
             ``ConstantMean`` (one constant per output), a gpytorch ``ConstantMean``
             (one constant, or one per output), or ``ZeroMean()`` for a zero mean. The
@@ -340,6 +397,7 @@ class WiskiGP(
         extrapolation: str = "nearest",
         data_space_limit: int | None = None,
         interpolation: Callable[[Tensor, Tensor, Tensor | None], Any] | None = None,
+        keep_data: bool = True,
         mean_module: ConstantMean | ZeroMean | None = None,
     ) -> None:
         check_grid_model_data(train_X, train_Y, train_Yvar, likelihood, multi_output=True)
@@ -364,9 +422,11 @@ class WiskiGP(
                 f"train_Y has {num_outputs} columns; a model with an interpolation factory "
                 "has one output (use a ModelListGP of single-output models)."
             )
-        if interpolation is None:
-            check_grid_input_transform(input_transform)
-        elif grid_size is not None or grid_bounds is not None or data_space_limit is not None:
+        if not isinstance(keep_data, bool):
+            raise TypeError(f"keep_data must be a bool, got {type(keep_data).__name__}.")
+        if interpolation is not None and (
+            grid_size is not None or grid_bounds is not None or data_space_limit is not None
+        ):
             raise ValueError(
                 "grid_size, grid_bounds and data_space_limit describe the grid; pass none of "
                 "them with an interpolation."
@@ -378,6 +438,13 @@ class WiskiGP(
         dim = train_X.shape[-1]
         tkwargs = {"dtype": train_X.dtype, "device": train_X.device}
 
+        # The raw data are kept (before the transforms, which may be re-fitted later:
+        # restandardize) for a re-grid.
+        self.observations = (
+            ObservationStore(train_X, train_Y, train_Yvar)
+            if keep_data and interpolation is None
+            else None
+        )
         # Fit the transforms once on the initial data, then freeze them.
         transformed_X, train_Y, train_Yvar = fit_frozen_transforms(
             self, train_X, train_Y, input_transform, outcome_transform, train_Yvar
@@ -400,6 +467,8 @@ class WiskiGP(
 
         y_all = self._targets(train_Y)
         noise_all = None if train_Yvar is None else self._shared_noise(train_Yvar, "train_Yvar")
+        # The grid size asked for (None: the default of whatever box the grid has).
+        self._grid_size_option = grid_size
         if interpolation is None:
             self.interpolation, self.structured = build_grid(
                 train_X,
@@ -408,13 +477,10 @@ class WiskiGP(
                 grid_size,
                 self.covar_module,
                 self.MAX_DENSE_GRID,
+                follow_data=self.observations is not None,
+                around_data=learns_input_coefficients(input_transform),
             )
-            if self.structured and num_outputs > 1:
-                raise ValueError(
-                    f"train_Y has {num_outputs} columns; multi-output WiskiGP needs a dense "
-                    f"grid (at most MAX_DENSE_GRID = {self.MAX_DENSE_GRID} points, this one "
-                    f"has {self.interpolation.num_grid}). Use a coarser grid_size."
-                )
+            self._check_structured_outputs()
             if data_space_limit is None:
                 data_space_limit = self.DATA_SPACE_LIMIT
             if data_space_limit is None:
@@ -425,19 +491,40 @@ class WiskiGP(
             data_space_limit = 0
         self.data_space_limit = check_count(data_space_limit, "data_space_limit", minimum=0)
         self._clear_caches()
-        if interpolation is None and len(train_X) <= self.data_space_limit:
-            # y_all is n (one output) or k x n: the rows are shared by all outputs.
-            statistics = DataStatistics.empty(self.interpolation.grid_size, y_all, self.fixed_noise)
-            statistics = statistics.add(self.interpolation.weights(transformed_X), y_all, noise_all)
-        else:  # large initial data sets are absorbed in chunks to bound memory
+        if interpolation is None:
+            statistics = self._statistics_of(
+                self.interpolation, self.structured, transformed_X, y_all, noise_all
+            )
+        else:  # learned points: grid statistics, recomputed when the points change
             statistics = self._grid_statistics(
-                self.interpolation,
-                transformed_X,
-                y_all,
-                noise_all,
-                differentiable=interpolation is None,
+                self.interpolation, transformed_X, y_all, noise_all, differentiable=False
             )
         self._set_statistics(statistics)
+
+    def _statistics_of(
+        self,
+        interpolation: CubicGridInterpolation,
+        structured: bool,
+        X_t: Tensor,
+        y: Tensor,
+        noise: Tensor | None,
+    ) -> DataStatistics | GridStatistics:
+        r"""The statistics of transformed data on a grid: their rows while at most
+        ``data_space_limit``, else the grid sums."""
+        if len(X_t) <= self.data_space_limit:
+            # y is n (one output) or k x n: the rows are shared by all outputs.
+            statistics = DataStatistics.empty(interpolation.grid_size, y, self.fixed_noise)
+            return statistics.add(interpolation.weights(X_t), y, noise)
+        # Large data sets are absorbed in chunks to bound memory.
+        return self._grid_statistics(interpolation, X_t, y, noise, sparse=structured)
+
+    def _check_structured_outputs(self) -> None:
+        if self.structured and self._num_outputs > 1:
+            raise ValueError(
+                f"train_Y has {self._num_outputs} columns; multi-output WiskiGP needs a dense "
+                f"grid (at most MAX_DENSE_GRID = {self.MAX_DENSE_GRID} points, this one "
+                f"has {self.interpolation.num_grid}). Use a coarser grid_size."
+            )
 
     def _grid_statistics(
         self,
@@ -446,6 +533,7 @@ class WiskiGP(
         y: Tensor,
         noise: Tensor | None,
         differentiable: bool = True,
+        sparse: bool | None = None,
     ) -> GridStatistics:
         r"""Grid statistics of transformed rows, ``STATISTICS_CHUNK`` rows at a time.
 
@@ -454,7 +542,10 @@ class WiskiGP(
         points, whose statistics are recomputed when the points change.
         """
         statistics = GridStatistics.empty(
-            interpolation.num_grid, y, self.fixed_noise, sparse=self.structured
+            interpolation.num_grid,
+            y,
+            self.fixed_noise,
+            sparse=self.structured if sparse is None else sparse,
         )
         with torch.set_grad_enabled(differentiable and torch.is_grad_enabled()):
             for start in range(0, y.shape[-1], self.STATISTICS_CHUNK):
@@ -601,9 +692,20 @@ class WiskiGP(
             raise ValueError(
                 "its statistics' noise model (fixed or learned) differs from this model's."
             )
+        m = self.interpolation.num_grid
         if "y" not in tensors:
             sums = {f: get(f) for f in _GRID_FIELDS}
+            if sums["A"].shape[-1] != m:
+                raise ValueError(
+                    f"its statistics are on a grid of {sums['A'].shape[-1]} points, this "
+                    f"model's grid has {m} (build it with the same grid_size and grid_bounds)."
+                )
             return GridStatistics(gram=sums.pop("A"), **sums, fixed_noise=self.fixed_noise)
+        if tensors["indices"].numel() and int(tensors["indices"].max()) >= m:
+            raise ValueError(
+                f"its rows index a grid larger than this model's {m} points (build it with "
+                "the same grid_size and grid_bounds)."
+            )
         interp = self.interpolation
         axes = tuple(
             InterpolationWeights(get(f"axis{j}_indices"), get(f"axis{j}_values"), g)
@@ -618,6 +720,46 @@ class WiskiGP(
         super()._save_to_state_dict(destination, prefix, keep_vars)
         for name, value in self._statistics_tensors().items():
             destination[f"{prefix}statistics.{name}"] = value if keep_vars else value.detach()
+        if isinstance(self.interpolation, CubicGridInterpolation):
+            # The grid the statistics live on (it follows the data: re-grids).
+            destination[f"{prefix}grid.bounds"] = self.interpolation.bounds.detach()
+            destination[f"{prefix}grid.size"] = torch.tensor(self.interpolation.grid_size)
+
+    def _stream_state(self) -> dict[str, Any]:
+        # The grid options that decide future re-grids (the grid itself is in state_dict).
+        return {
+            "grid_size": self._grid_size_option,
+            "data_space_limit": self.data_space_limit,
+            "keep_data": self.observations is not None,
+        }
+
+    def _set_stream_state(self, state: dict[str, Any]) -> None:
+        if state.get("keep_data", self.observations is not None) != (
+            self.observations is not None
+        ):  # the state_dict load has already refused it (kept observations or not)
+            raise ValueError("checkpoint: keep_data differs from this model's.")
+        if "grid_size" in state:
+            size = state["grid_size"]
+            self._grid_size_option = size if size is None or isinstance(size, int) else list(size)
+            self.data_space_limit = int(state["data_space_limit"])
+
+    def _load_grid(self, bounds: Tensor, size: Tensor) -> None:
+        r"""Move to the grid a checkpoint's statistics live on (before loading them)."""
+        bounds = bounds.to(self.interpolation.bounds)
+        grid_size = [int(g) for g in size.tolist()]
+        current = self.interpolation
+        if grid_size == current.grid_size and torch.equal(bounds, current.bounds):
+            return
+        if bounds.shape != current.bounds.shape:
+            raise ValueError(
+                f"its grid has {bounds.shape[-1]} input dimensions, this model {current.dim}."
+            )
+        interpolation, structured = build_grid(
+            bounds, bounds[:0], bounds, grid_size, self.covar_module, self.MAX_DENSE_GRID
+        )
+        if structured and self._num_outputs > 1:
+            raise ValueError(f"its grid of {interpolation.num_grid} points is too large.")
+        self.interpolation, self.structured = interpolation, structured
 
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
@@ -630,6 +772,7 @@ class WiskiGP(
         tensors.update(
             {k[len(legacy) :]: state_dict.pop(k) for k in list(state_dict) if k.startswith(legacy)}
         )
+        grid = {k: state_dict.pop(f"{prefix}grid.{k}", None) for k in ("bounds", "size")}
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
@@ -638,6 +781,8 @@ class WiskiGP(
                 missing_keys.append(f"{key}*")
             return
         try:
+            if grid["bounds"] is not None and grid["size"] is not None:
+                self._load_grid(grid["bounds"], grid["size"])
             statistics = self._statistics_from_tensors(tensors)
         except (KeyError, ValueError) as error:
             error_msgs.append(f"WiskiGP statistics: {error}")
@@ -984,27 +1129,74 @@ class WiskiGP(
             num_outputs=self._num_outputs,
         )
         X_t, Y_t, Yvar_t = self._transform_new_data(X, Y, Yvar)
-        self.interpolation.check_inside(X_t, "X")
-        if len(X) == 0:
-            return self
-        if self._conditioning_log and len(self.batch_shape) > 0:
+        if self._conditioning_log and len(self.batch_shape) > 0 and len(X):
             raise RuntimeError(
                 "observe is not available on a model conditioned on batched (fantasy) "
                 "observations; observe on the parent model instead."
             )
+        if self.observations is not None and not skip_value_checks.on():
+            bounds = grown_grid_bounds(self.interpolation.bounds, X_t.detach())
+            if bounds is not None:
+                self._regrid(bounds, X, Y, Yvar)
+                return self
+        self.interpolation.check_inside(X_t, "X")
+        if len(X) == 0:
+            return self
+        self._observe_on_grid(X_t, Y_t, Yvar_t)
+        if self.observations is not None:
+            self.observations.append(X, Y, Yvar)
+        return self
+
+    def _observe_on_grid(self, X_t: Tensor, Y_t: Tensor, Yvar_t: Tensor | None) -> None:
+        r"""Absorb transformed rows inside the grid (the update of :meth:`observe`)."""
         weights = self.interpolation.weights(X_t)
         y = self._targets(Y_t)
         noise = None if Yvar_t is None else self._shared_noise(Yvar_t, "Yvar")
         if self._can_defer(y.shape[-1]):
             self._defer(X_t.detach(), weights, y)
-            return self
+            return
         self._fold_conditioning()
         with torch.no_grad():
             statistics = self._statistics.add(weights, y, noise)
             posterior = self._updated_posterior(weights, self._residuals(y), noise, statistics)
         self._posterior = posterior
         self._switch_space_if_needed(statistics)
-        return self
+
+    def _regrid(self, bounds: Tensor, X: Tensor, Y: Tensor, Yvar: Tensor | None) -> None:
+        r"""Move to a grid over ``bounds`` holding every kept observation and ``(X, Y, Yvar)``.
+
+        Exact: the statistics are rebuilt from the raw data through the frozen
+        transforms, so the model equals one built on all data with this grid (and the
+        same transforms and hyperparameters). ``O(n 4^d)`` for the rows plus a
+        factorisation at the next prediction. Nothing changes if it fails.
+        """
+        store = self.observations
+        X_all, Y_all = torch.cat([store.X, X]), torch.cat([store.Y, Y])
+        Yvar_all = None if Yvar is None else torch.cat([store.Yvar, Yvar])
+        X_t, Y_t, Yvar_t = self._transform_new_data(X_all, Y_all, Yvar_all)
+        interpolation, structured = build_grid(
+            X_all,
+            X_t,
+            bounds,
+            self._grid_size_option,
+            self.covar_module,
+            self.MAX_DENSE_GRID,
+        )
+        if structured and self._num_outputs > 1:
+            raise ValueError(
+                f"X: re-gridding to cover it would need {interpolation.num_grid} > "
+                f"MAX_DENSE_GRID = {self.MAX_DENSE_GRID} grid points, which multi-output "
+                "WiskiGP does not support. Pass a coarser grid_size."
+            )
+        noise = None if Yvar_t is None else self._shared_noise(Yvar_t, "Yvar")
+        with torch.no_grad():
+            statistics = self._statistics_of(
+                interpolation, structured, X_t, self._targets(Y_t), noise
+            )
+        store.append(X, Y, Yvar)
+        self.interpolation, self.structured = interpolation, structured
+        self._clear_caches()
+        self._set_statistics(statistics)
 
     #: In grid space, small batches are first held as a low-rank correction of the root
     #: (what ``condition_on_observations`` builds, ``O(m q Q)``), and folded into the
@@ -1165,5 +1357,10 @@ class WiskiGP(
         them), and a shared kernel/likelihood means a conditioned model is a view of
         its parent with extra data. Changing hyperparameters on either model makes
         that model rebuild its own factors from its own statistics.
+
+        A view keeps no raw observations (its parent's store grows in place): it cannot
+        re-grid, and refuses observations outside its grid.
         """
-        return shallow_view(self)
+        new = shallow_view(self)
+        new.observations = None
+        return new
