@@ -363,10 +363,14 @@ class CubicGridInterpolation:
 
 
 # ------------------------------------------------------------- grid boxes from data
-#: Margin of a grid box beyond the data, on each side, as a fraction of the data's
+#: Least margin of a grid box beyond the data, on each side, as a fraction of the data's
 #: extent: a grid built on inputs normalised from the data themselves
 #: (``Normalize(d)`` without bounds) then also covers the search box around them, where
-#: acquisition functions evaluate, without re-gridding.
+#: acquisition functions evaluate, without re-gridding. Few points leave wider gaps to
+#: the search box's sides, so the margin is at least ``log(40 d) / (n - 1)`` (at most 1):
+#: for ``n`` points drawn uniformly in ``d`` dimensions, the gap at one side exceeds
+#: ``t / (n - 1)`` of their extent with probability about ``exp(-t)``, so all ``2 d``
+#: gaps are inside that margin with probability about 0.95.
 GRID_MARGIN = 0.2
 #: A re-grid moves each side it has to move by at least this fraction of the box's
 #: extent, so the extent grows geometrically and a point at distance ``D`` beyond a box
@@ -388,15 +392,16 @@ def data_grid_bounds(X: Tensor, around_data: bool) -> Tensor:
         X: The transformed inputs the grid must cover (``n`` may be 0).
         around_data: True when the inputs were normalised from these very data (an
             input transform that learned its coefficients): the box is then the data's
-            box plus ``GRID_MARGIN`` of its extent on each side. False: the unit cube,
+            box plus a margin on each side, ``max(GRID_MARGIN, log(40 d) / (n - 1))`` (at
+            most 1) of its extent. False: the unit cube,
             the search space of inputs normalised with known bounds, grown as
             :func:`grown_grid_bounds` does where the data reach beyond it.
 
     Example:
         >>> X = torch.tensor([[0.0, 0.5], [1.0, 1.0]], dtype=torch.float64)
-        >>> data_grid_bounds(X, around_data=True)
-        tensor([[-0.2000,  0.4000],
-                [ 1.2000,  1.1000]], dtype=torch.float64)
+        >>> data_grid_bounds(X, around_data=True)  # two points: a margin of their extent
+        tensor([[-1.0000,  0.0000],
+                [ 2.0000,  1.5000]], dtype=torch.float64)
         >>> data_grid_bounds(X, around_data=False)
         tensor([[0., 0.],
                 [1., 1.]], dtype=torch.float64)
@@ -409,7 +414,8 @@ def data_grid_bounds(X: Tensor, around_data: bool) -> Tensor:
         grown = grown_grid_bounds(unit, X)
         return unit if grown is None else grown
     lower, upper = X.min(0).values, X.max(0).values
-    margin = GRID_MARGIN * _extent(lower, upper)
+    fraction = max(GRID_MARGIN, min(1.0, math.log(40 * X.shape[-1]) / max(len(X) - 1, 1)))
+    margin = fraction * _extent(lower, upper)
     return torch.stack([lower - margin, upper + margin])
 
 

@@ -301,8 +301,9 @@ class WiskiGP(
             space. Default: the unit cube (the search space of inputs normalised with
             ``Normalize(d, bounds=bounds)``, or already in it); with an input transform
             that learns its coefficients from ``train_X`` (``Normalize(d)`` without
-            bounds, as in BoTorch's tutorials), the transformed data's box plus
-            ``GRID_MARGIN`` (20%) of its extent on each side. A box the data pass is grown
+            bounds, as in BoTorch's tutorials), the transformed data's box plus a
+            margin (:func:`~streamgp.interpolation.grid.data_grid_bounds`: 20% of its
+            extent, more for few points). A box the data pass is grown
             to cover them (see ``keep_data``). Predictions outside follow
             ``extrapolation``.
         covar_module: Base kernel (not a ``GridInterpolationKernel``). Default:
