@@ -685,11 +685,7 @@ class OnlineSGPR(
         Returns:
             The model itself. On invalid input, raises and leaves the model unchanged.
         """
-        if Yvar is not None:
-            raise ValueError(
-                "Yvar must be None: OnlineSGPR learns a homoskedastic noise level "
-                "(observed noise variances are not supported)."
-            )
+        check_no_known_noise(Yvar, "OnlineSGPR", argument="Yvar")
         self._check_inputs(X, "X")
         if X.dim() != 2:
             raise ValueError(f"X must have shape q x d, got {tuple(X.shape)}.")
