@@ -111,8 +111,10 @@ class LocalGP(CachedPosteriorMixin, StreamingModelMixin, FrozenTransformsMixin, 
         >>> Y = torch.sin(6 * X).sum(-1, keepdim=True)
         >>> model = LocalGP(X, Y, w_gen=0.3, n_max=100, num_nearest=3)
         >>> X_new = torch.rand(10, 2, dtype=torch.float64)
-        >>> model.observe(X_new, torch.sin(6 * X_new).sum(-1, keepdim=True))
+        >>> model = model.observe(X_new, torch.sin(6 * X_new).sum(-1, keepdim=True))
         >>> posterior = model.posterior(torch.rand(4, 2, dtype=torch.float64))
+        >>> posterior.mean.shape
+        torch.Size([4, 1])
     """
 
     _num_outputs = 1

@@ -253,10 +253,13 @@ class OnlineSVGP(
     Example:
         >>> X = torch.rand(100, 1, dtype=torch.float64)
         >>> Y = torch.sin(6 * X) + 0.1 * torch.randn_like(X)
-        >>> model = OnlineSVGP(X, Y, num_inducing=16, num_steps=10, lr=0.01)
+        >>> model = OnlineSVGP(X, Y, num_inducing=16, num_steps=10, num_init_steps=50)
         >>> X_new = torch.rand(20, 1, dtype=torch.float64)
-        >>> model.observe(X_new, torch.sin(6 * X_new))
+        >>> model = model.observe(X_new, torch.sin(6 * X_new))  # num_steps=10 steps
+        >>> model = model.observe(X_new, torch.sin(6 * X_new), num_steps=2)
         >>> posterior = model.posterior(torch.rand(5, 1, dtype=torch.float64))
+        >>> posterior.mean.shape, int(model.num_observed)
+        (torch.Size([5, 1]), 140)
     """
 
     _num_outputs = 1

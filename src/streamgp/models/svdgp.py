@@ -167,10 +167,14 @@ class DecoupledSVGP(
     Example:
         >>> X = torch.rand(200, 1, dtype=torch.float64)
         >>> Y = torch.sin(6 * X) + 0.1 * torch.randn_like(X)
-        >>> model = DecoupledSVGP(X, Y, max_mean_basis=128, max_covar_basis=16)
+        >>> model = DecoupledSVGP(
+        ...     X, Y, max_mean_basis=128, max_covar_basis=16, num_init_steps=50
+        ... )
         >>> X_new = torch.rand(8, 1, dtype=torch.float64)
-        >>> model.observe(X_new, torch.sin(6 * X_new))
+        >>> model = model.observe(X_new, torch.sin(6 * X_new), num_steps=3)
         >>> posterior = model.posterior(torch.rand(5, 1, dtype=torch.float64))
+        >>> posterior.mean.shape, int(model.num_observed)
+        (torch.Size([5, 1]), 208)
     """
 
     _num_outputs = 1

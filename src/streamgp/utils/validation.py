@@ -315,5 +315,3 @@ def check_positive_number(value: object, name: str, allow_none: bool = False) ->
     ):
         suffix = " or None" if allow_none else ""
         raise ValueError(f"{name} must be a positive number{suffix}, got {value!r}.")
-
-
