@@ -32,12 +32,12 @@ tutorials: $(VENV)/.installed-extras
 	$(PY) tutorials/run_notebooks.py
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks conftest.py
+	$(VENV)/bin/ruff format --check src tests benchmarks conftest.py
 
 format: $(VENV)/.installed
-	$(VENV)/bin/ruff format src tests benchmarks
-	$(VENV)/bin/ruff check --fix src tests benchmarks
+	$(VENV)/bin/ruff format src tests benchmarks conftest.py
+	$(VENV)/bin/ruff check --fix src tests benchmarks conftest.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

@@ -56,14 +56,6 @@ def check_complete(frame: pd.DataFrame) -> None:
 
 
 # ---------------------------------------------------------------------- fast tests
-def test_examples_in_docstrings_run():
-    import doctest
-
-    from streamgp.loops import executors
-
-    assert doctest.testmod(executors, optionflags=doctest.ELLIPSIS).failed == 0
-
-
 def test_make_executor_and_as_executor_choose_the_right_executor():
     assert isinstance(make_executor(), SequentialExecutor)
     assert make_executor().torch_threads is None

@@ -499,17 +499,6 @@ def test_stream_cli_uses_the_dataset_settings_unless_given(shared_data, monkeypa
     assert (given.pretrain_steps, given.lr, calls[1]["first_trial"]) == (1000, 0.02, 2)
 
 
-def test_docstring_examples_run():
-    import doctest
-
-    from streamgp.loops import stream
-    from streamgp.loops.stream import config, metrics, results, runner
-    from streamgp.models import projection
-
-    for module in (stream, config, metrics, results, runner, projection):
-        assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0
-
-
 def test_softki_streams_on_all_inputs_and_tracks_the_exact_gp(tmp_path):
     split = _regression_split(400)
     config = StreamConfig(pretrain_steps=40, num_inducing=64, exact_max=100)

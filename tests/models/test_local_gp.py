@@ -233,6 +233,7 @@ def test_bad_inputs_raise_and_leave_model_unchanged():
         ((X_new, Y_new[:2]), ValueError, "Y has 2 rows"),
         ((torch.rand(3, 3, dtype=DT), Y_new), ValueError, "X must have last dimension 2"),
         ((X_new[None], Y_new), ValueError, "X must have shape q x d"),
+        ((X_new, Y_new, torch.ones_like(Y_new)), ValueError, "Yvar must be None: LocalGP"),
     ]
     for args, error, message in bad:
         with pytest.raises(error, match=message):

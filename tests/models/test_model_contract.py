@@ -270,16 +270,12 @@ def test_wiski_conditioning_matches_the_dense_ski_oracle():
 )
 def test_one_name_for_learning_inducing_points(model_cls, old_name, options):
     X, Y = _data(12)
-    model = model_cls(X, Y, learn_inducing_points=False, **options)
-    assert not any(p.requires_grad for p in _inducing_parameters(model))
-    with pytest.warns(DeprecationWarning, match=f"{old_name} is deprecated"):
-        old = model_cls(X, Y, **{old_name: False}, **options)
-    assert not any(p.requires_grad for p in _inducing_parameters(old))
-    with (
-        pytest.raises(ValueError, match="learn_inducing_points only"),
-        pytest.warns(DeprecationWarning),
-    ):
-        model_cls(X, Y, learn_inducing_points=True, **{old_name: True}, **options)
+    for learn in (False, True):
+        model = model_cls(X, Y, learn_inducing_points=learn, **options)
+        assert all(p.requires_grad == learn for p in _inducing_parameters(model))
+    # The old per-model names are gone (one name, as BoTorch's variational GPs call it).
+    with pytest.raises(TypeError, match=old_name):
+        model_cls(X, Y, **{old_name: False}, **options)
 
 
 def _inducing_parameters(model) -> list[torch.Tensor]:

@@ -404,6 +404,10 @@ def test_bad_inputs_raise_and_leave_model_unchanged(fitted):
             model.observe(*args)
     with pytest.raises(ValueError, match="num_steps"):
         model.observe(X, Y, num_steps=-1)
+    with pytest.raises(ValueError, match="Yvar must be None: OnlineSVGP learns"):
+        model.observe(X, Y, torch.full_like(Y, 0.1))  # the third argument is Yvar
+    with pytest.raises(TypeError, match="positional"):
+        model.observe(X, Y, None, 3)  # num_steps is keyword-only
     with pytest.raises(ValueError, match="X contains NaN"):
         model.posterior(X.clone().fill_(math.nan))
     with pytest.raises(ValueError, match="noise must be strictly positive"):

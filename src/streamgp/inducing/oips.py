@@ -52,10 +52,13 @@ class OnlineInducingPointSelector(InducingPointSelector):
             further points are accepted.
 
     Example:
-        >>> kernel = ScaleKernel(RBFKernel())
+        >>> from gpytorch.kernels import RBFKernel, ScaleKernel
+        >>> kernel = ScaleKernel(RBFKernel()).to(torch.float64)
         >>> selector = OnlineInducingPointSelector(kernel, rho=0.8)
         >>> Z = selector.update(torch.rand(500, 2, dtype=torch.float64))
-        >>> Z = selector.update(torch.rand(100, 2, dtype=torch.float64))  # grows
+        >>> Z_more = selector.update(torch.rand(100, 2, dtype=torch.float64))
+        >>> len(Z_more) >= len(Z), Z.shape[-1]  # the set only grows
+        (True, 2)
     """
 
     def __init__(self, kernel: Kernel, rho: float, max_size: int | None = None) -> None:

@@ -67,8 +67,11 @@ class ActiveLearningLoop(Loop):
     Example:
         >>> X = torch.rand(300, 2, dtype=torch.float64)
         >>> Y = torch.sin(6 * X).sum(-1, keepdim=True)
-        >>> loop = ActiveLearningLoop(X[:200], Y[:200], X[200:], Y[200:], q=2, num_init=5)
-        >>> history = loop.run(3)  # doctest: +SKIP
+        >>> loop = ActiveLearningLoop(X[:200], Y[:200], X[200:], Y[200:], q=2, num_init=5,
+        ...     fit_every=0, fit_max_iter=10, candidates_per_step=32, num_mc_points=32)
+        >>> history = loop.run(3)
+        >>> history[["step", "num_observations"]].values.tolist()
+        [[0, 5], [1, 7], [2, 9], [3, 11]]
     """
 
     PHASES = ("fit", "acquisition", "update", "evaluate")

@@ -107,10 +107,15 @@ class BayesOptLoop(Loop):
         dtype: Floating dtype.
 
     Example:
-        >>> from streamgp.loops import BayesOptLoop, make_test_function
-        >>> loop = BayesOptLoop(make_test_function("levy"), model="wiski", q=3)
-        >>> history = loop.run(20)  # doctest: +SKIP
-        >>> history[["step", "best_value", "step_time"]].tail()  # doctest: +SKIP
+        >>> from streamgp.loops import AcquisitionOptions, BayesOptLoop, make_test_function
+        >>> loop = BayesOptLoop(make_test_function("levy"), model="wiski", q=3,
+        ...     fit_max_iter=10,  # small settings, to run quickly
+        ...     acquisition_options=AcquisitionOptions(num_restarts=2, raw_samples=32))
+        >>> history = loop.run(2)
+        >>> history[["step", "num_observations"]].values.tolist()
+        [[0, 5], [1, 8], [2, 11]]
+        >>> bool((history["best_value"].diff().dropna() >= 0).all())  # never gets worse
+        True
     """
 
     def __init__(

@@ -34,13 +34,21 @@ class OnlineSGPRBound(MarginalLogLikelihood):
         model: An :class:`~streamgp.models.OnlineSGPR`.
 
     Example:
+        >>> import torch
+        >>> from streamgp.models import OnlineSGPR
+        >>> X = torch.rand(40, 2, dtype=torch.float64)
+        >>> model = OnlineSGPR(X, torch.sin(6 * X).sum(-1, keepdim=True), num_inducing=16)
+        >>> X_new = torch.rand(10, 2, dtype=torch.float64)
+        >>> Y_new = torch.sin(6 * X_new).sum(-1, keepdim=True)
         >>> mll = OnlineSGPRBound(model.likelihood, model)
         >>> optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
         >>> for _ in range(10):
         ...     optimizer.zero_grad()
         ...     (-mll(X_new, Y_new)).backward()
         ...     optimizer.step()
-        >>> model.observe(X_new, Y_new)
+        >>> model = model.observe(X_new, Y_new)
+        >>> int(model.num_observed)
+        50
     """
 
     def __init__(self, likelihood: Any, model: Any) -> None:

@@ -35,8 +35,15 @@ class WoodburyMarginalLogLikelihood(MarginalLogLikelihood):
         model: A :class:`~streamgp.models.WiskiGP`.
 
     Example:
+        >>> import torch
+        >>> from botorch.fit import fit_gpytorch_mll
+        >>> from streamgp.models import WiskiGP
+        >>> X = torch.rand(50, 2, dtype=torch.float64)
+        >>> model = WiskiGP(X, torch.sin(6 * X).sum(-1, keepdim=True), grid_size=10)
         >>> mll = WoodburyMarginalLogLikelihood(model.likelihood, model)
-        >>> fit_gpytorch_mll(mll)
+        >>> mll = fit_gpytorch_mll(mll, optimizer_kwargs={"options": {"maxiter": 20}})
+        >>> mll.training
+        False
     """
 
     def __init__(self, likelihood: Any, model: Any) -> None:

@@ -127,9 +127,21 @@ class StreamingModelMixin(PosteriorMixin):
         predicts bit for bit as this one, and continues the stream as it would.
 
         Example:
-            >>> torch.save(model.checkpoint(), "stream.pt")
+            >>> import io
+            >>> from streamgp.models import WiskiGP
+            >>> X0 = torch.rand(20, 2, dtype=torch.float64)
+            >>> Y0 = torch.sin(6 * X0).sum(-1, keepdim=True)
+            >>> model = WiskiGP(X0, Y0, grid_size=16)
+            >>> X1 = torch.rand(5, 2, dtype=torch.float64)
+            >>> model = model.observe(X1, torch.sin(6 * X1).sum(-1, keepdim=True))
+            >>> file = io.BytesIO()  # or a path
+            >>> torch.save(model.checkpoint(), file)
+            >>> _ = file.seek(0)
             >>> resumed = WiskiGP(X0, Y0, grid_size=16).restore(
-            ...     torch.load("stream.pt", weights_only=True))
+            ...     torch.load(file, weights_only=True))
+            >>> X_test = torch.rand(4, 2, dtype=torch.float64)
+            >>> torch.equal(resumed.posterior(X_test).mean, model.posterior(X_test).mean)
+            True
         """
         return {"state_dict": self.state_dict(), "stream": self._stream_state()}
 

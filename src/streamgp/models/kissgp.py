@@ -224,7 +224,7 @@ class KissGP(
         >>> model.love_tolerance = 1e-6
         >>> with gpytorch.settings.fast_pred_var():
         ...     var = model.posterior(torch.rand(10_000, 2, dtype=torch.float64)).variance
-        >>> model.observe(X[:3], Y[:3])  # appends the data; caches are rebuilt lazily
+        >>> model = model.observe(X[:3], Y[:3])  # appends the data; caches are rebuilt lazily
     """
 
     _num_outputs = 1

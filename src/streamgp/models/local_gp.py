@@ -111,8 +111,10 @@ class LocalGP(CachedPosteriorMixin, StreamingModelMixin, FrozenTransformsMixin, 
         >>> Y = torch.sin(6 * X).sum(-1, keepdim=True)
         >>> model = LocalGP(X, Y, w_gen=0.3, n_max=100, num_nearest=3)
         >>> X_new = torch.rand(10, 2, dtype=torch.float64)
-        >>> model.observe(X_new, torch.sin(6 * X_new).sum(-1, keepdim=True))
+        >>> model = model.observe(X_new, torch.sin(6 * X_new).sum(-1, keepdim=True))
         >>> posterior = model.posterior(torch.rand(4, 2, dtype=torch.float64))
+        >>> posterior.mean.shape
+        torch.Size([4, 1])
     """
 
     _num_outputs = 1
@@ -130,10 +132,10 @@ class LocalGP(CachedPosteriorMixin, StreamingModelMixin, FrozenTransformsMixin, 
         train_Yvar: Tensor | None = None,
         likelihood: GaussianLikelihood | None = None,
         covar_module: Kernel | None = None,
-        mean_module: Mean | None = None,
         outcome_transform: OutcomeTransform | _DefaultType | None = DEFAULT,
         input_transform: InputTransform | None = None,
         *,
+        mean_module: Mean | None = None,
         w_gen: float = 0.5,
         n_max: int = 100,
         num_nearest: int = 3,
@@ -335,16 +337,19 @@ class LocalGP(CachedPosteriorMixin, StreamingModelMixin, FrozenTransformsMixin, 
         covar = (pair_weights * (K_XX[..., None, None] - inner)).sum((-2, -1))
         return MultivariateNormal(mean, DenseLinearOperator(covar))
 
-    def observe(self, X: Tensor, Y: Tensor) -> LocalGP:
+    def observe(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> LocalGP:
         r"""Insert new observations in place, in arrival order.
 
         Args:
             X: ``q x d`` new inputs (original space).
             Y: ``q x 1`` new targets (original space).
+            Yvar: Must be None: the model learns its noise level (the argument exists
+                for the common streaming-model signature ``observe(X, Y, Yvar)``).
 
         Returns:
             The model itself. Invalid input raises before anything is changed.
         """
+        check_no_known_noise(Yvar, "LocalGP", argument="Yvar")
         self._check_inputs(X, "X")
         if X.dim() != 2:
             raise ValueError(f"X must have shape q x d, got {tuple(X.shape)}.")

@@ -210,8 +210,10 @@ class OnlineSGPR(
         >>> Y = torch.sin(6 * X).sum(-1, keepdim=True)
         >>> model = OnlineSGPR(X, Y, num_inducing=32, steps_per_batch=5)
         >>> X_new = torch.rand(10, 2, dtype=torch.float64)
-        >>> model.observe(X_new, torch.sin(6 * X_new).sum(-1, keepdim=True))
+        >>> model = model.observe(X_new, torch.sin(6 * X_new).sum(-1, keepdim=True))
         >>> posterior = model.posterior(torch.rand(5, 2, dtype=torch.float64))
+        >>> posterior.mean.shape, int(model.num_observed)
+        (torch.Size([5, 1]), 110)
     """
 
     _num_outputs = 1
@@ -685,11 +687,7 @@ class OnlineSGPR(
         Returns:
             The model itself. On invalid input, raises and leaves the model unchanged.
         """
-        if Yvar is not None:
-            raise ValueError(
-                "Yvar must be None: OnlineSGPR learns a homoskedastic noise level "
-                "(observed noise variances are not supported)."
-            )
+        check_no_known_noise(Yvar, "OnlineSGPR", argument="Yvar")
         self._check_inputs(X, "X")
         if X.dim() != 2:
             raise ValueError(f"X must have shape q x d, got {tuple(X.shape)}.")

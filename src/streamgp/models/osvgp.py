@@ -112,7 +112,6 @@ from streamgp.utils.validation import (
     check_no_known_noise,
     check_targets,
     check_tensor,
-    renamed_option,
 )
 
 
@@ -231,7 +230,6 @@ class OnlineSVGP(
         lr: Learning rate of the default Adam optimizer.
         learn_inducing_points: Whether the inducing points are optimised. Default:
             True, unless an ``inducing_selector`` chooses them.
-        learn_inducing_locations: Deprecated name of ``learn_inducing_points``.
         inducing_selector: Optional object with ``update(X) -> Tensor`` returning the
             current inducing points (``M' x d``, transformed space) after seeing the
             transformed inputs ``X`` in order, e.g.
@@ -255,10 +253,13 @@ class OnlineSVGP(
     Example:
         >>> X = torch.rand(100, 1, dtype=torch.float64)
         >>> Y = torch.sin(6 * X) + 0.1 * torch.randn_like(X)
-        >>> model = OnlineSVGP(X, Y, num_inducing=16, num_steps=10, lr=0.01)
+        >>> model = OnlineSVGP(X, Y, num_inducing=16, num_steps=10, num_init_steps=50)
         >>> X_new = torch.rand(20, 1, dtype=torch.float64)
-        >>> model.observe(X_new, torch.sin(6 * X_new))
+        >>> model = model.observe(X_new, torch.sin(6 * X_new))  # num_steps=10 steps
+        >>> model = model.observe(X_new, torch.sin(6 * X_new), num_steps=2)
         >>> posterior = model.posterior(torch.rand(5, 1, dtype=torch.float64))
+        >>> posterior.mean.shape, int(model.num_observed)
+        (torch.Size([5, 1]), 140)
     """
 
     _num_outputs = 1
@@ -284,10 +285,10 @@ class OnlineSVGP(
         train_Yvar: Tensor | None = None,
         likelihood: Likelihood | None = None,
         covar_module: Kernel | None = None,
-        mean_module: Mean | None = None,
         outcome_transform: OutcomeTransform | _DefaultType | None = DEFAULT,
         input_transform: InputTransform | None = None,
         *,
+        mean_module: Mean | None = None,
         inducing_points: Tensor | None = None,
         num_inducing: int = 64,
         beta: float = 1e-3,
@@ -300,14 +301,7 @@ class OnlineSVGP(
         optimizer_kwargs: dict[str, Any] | None = None,
         keep_optimizer_state: bool = True,
         jitter: float | None = None,
-        learn_inducing_locations: bool | None = None,
     ) -> None:
-        learn_inducing_points = renamed_option(
-            learn_inducing_points,
-            learn_inducing_locations,
-            "learn_inducing_points",
-            "learn_inducing_locations",
-        )
         check_no_known_noise(train_Yvar, "OnlineSVGP")
         # ---- validate everything before building anything
         check_tensor(train_X, "train_X", min_dim=2)
@@ -577,17 +571,22 @@ class OnlineSVGP(
 
         return condition_joint(joint, self._conditioning, X_t)
 
-    def observe(self, X: Tensor, Y: Tensor, num_steps: int | None = None) -> OnlineSVGP:
+    def observe(
+        self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None, *, num_steps: int | None = None
+    ) -> OnlineSVGP:
         r"""Absorb a batch in place: freeze the old posterior, take optimizer steps.
 
         Args:
             X: ``q x d`` new inputs (original space).
             Y: ``q x 1`` new targets (original space; ``{0, 1}`` for Bernoulli).
+            Yvar: Must be None: the model learns its noise level (the argument exists
+                for the common streaming-model signature ``observe(X, Y, Yvar)``).
             num_steps: Optimizer steps for this batch (default: ``self.num_steps``).
 
         Returns:
             The model itself. Invalid input raises before anything is changed.
         """
+        check_no_known_noise(Yvar, "OnlineSVGP", argument="Yvar")
         self._check_not_conditioned("observe")
         self._check_inputs(X, "X")
         if X.dim() != 2:

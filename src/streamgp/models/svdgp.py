@@ -94,7 +94,6 @@ from streamgp.utils.validation import (
     check_no_known_noise,
     check_targets,
     check_tensor,
-    renamed_option,
 )
 
 _VARIATIONAL = ("mean_basis", "mean_weights", "covar_basis", "covar_root")
@@ -168,10 +167,14 @@ class DecoupledSVGP(
     Example:
         >>> X = torch.rand(200, 1, dtype=torch.float64)
         >>> Y = torch.sin(6 * X) + 0.1 * torch.randn_like(X)
-        >>> model = DecoupledSVGP(X, Y, max_mean_basis=128, max_covar_basis=16)
+        >>> model = DecoupledSVGP(
+        ...     X, Y, max_mean_basis=128, max_covar_basis=16, num_init_steps=50
+        ... )
         >>> X_new = torch.rand(8, 1, dtype=torch.float64)
-        >>> model.observe(X_new, torch.sin(6 * X_new))
+        >>> model = model.observe(X_new, torch.sin(6 * X_new), num_steps=3)
         >>> posterior = model.posterior(torch.rand(5, 1, dtype=torch.float64))
+        >>> posterior.mean.shape, int(model.num_observed)
+        (torch.Size([5, 1]), 208)
     """
 
     _num_outputs = 1
@@ -196,10 +199,10 @@ class DecoupledSVGP(
         train_Yvar: Tensor | None = None,
         likelihood: Likelihood | None = None,
         covar_module: Kernel | None = None,
-        mean_module: Mean | None = None,
         outcome_transform: OutcomeTransform | _DefaultType | None = DEFAULT,
         input_transform: InputTransform | None = None,
         *,
+        mean_module: Mean | None = None,
         mean_basis: Tensor | None = None,
         covar_basis: Tensor | None = None,
         max_mean_basis: int = 1024,
@@ -212,21 +215,14 @@ class DecoupledSVGP(
         num_init_steps: int = 300,
         lr: float = 5e-2,
         lr_decay: float = 0.1,
-        learn_inducing_points: bool | None = None,
+        learn_inducing_points: bool = False,
         new_root_diagonal: float = 1e-2,
         optimizer_cls: type[torch.optim.Optimizer] = torch.optim.Adam,
         optimizer_kwargs: dict[str, Any] | None = None,
         keep_optimizer_state: bool = True,
         warm_start: bool = True,
         seed: int = 0,
-        learn_basis_locations: bool | None = None,
     ) -> None:
-        learn_inducing_points = renamed_option(
-            learn_inducing_points,
-            learn_basis_locations,
-            "learn_inducing_points",
-            "learn_basis_locations",
-        )
         learn_inducing_points = bool(learn_inducing_points)
         check_no_known_noise(train_Yvar, "DecoupledSVGP")
         # ---- validate everything before building anything
@@ -662,18 +658,23 @@ class DecoupledSVGP(
         self._update_replay(X_t, y)
         self.num_observed = num_data
 
-    def observe(self, X: Tensor, Y: Tensor, num_steps: int | None = None) -> DecoupledSVGP:
+    def observe(
+        self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None, *, num_steps: int | None = None
+    ) -> DecoupledSVGP:
         r"""Absorb a batch in place: grow the bases, take optimizer steps.
 
         Args:
             X: ``q x d`` new inputs (original space).
             Y: ``q x 1`` new targets (original space; ``{0, 1}`` for Bernoulli).
+            Yvar: Must be None: the model learns its noise level (the argument exists
+                for the common streaming-model signature ``observe(X, Y, Yvar)``).
             num_steps: Optimizer steps for this batch (default: ``self.num_steps``).
 
         Returns:
             The model itself. Invalid input raises before anything is changed; a
             numerical failure or divergence restores the model and re-raises.
         """
+        check_no_known_noise(Yvar, "DecoupledSVGP", argument="Yvar")
         if self._conditioning is not None:
             raise RuntimeError(
                 "observe is not available on a conditioned (fantasy) model; observe on "

@@ -8,7 +8,6 @@ never modify their inputs, so callers validate everything before touching state.
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 from botorch.models.transforms.input import AffineInputTransform, ChainedInputTransform
@@ -275,18 +274,21 @@ def check_conditioning_data(
         check_positive(noise, "noise")
 
 
-def check_no_known_noise(train_Yvar: object | None, model: str) -> None:
+def check_no_known_noise(
+    train_Yvar: object | None, model: str, argument: str = "train_Yvar"
+) -> None:
     r"""Refuse observation noise variances for a model that learns one noise level.
 
     BoTorch code (and Ax, for metrics with known noise) passes ``train_Yvar`` to any model
-    class; a model with a learned homoskedastic likelihood says so at construction
-    instead of ignoring the variances.
+    class, and streaming code passes ``Yvar`` to any model's ``observe(X, Y, Yvar)``; a
+    model with a learned homoskedastic likelihood says so instead of ignoring the
+    variances. ``argument`` names the refused argument (``"Yvar"`` in ``observe``).
     """
     if train_Yvar is not None:
         raise ValueError(
-            f"{model} learns a homoskedastic noise level; known observation noise "
-            "(train_Yvar) is not supported. Leave train_Yvar out, or use WiskiGP or KissGP, "
-            "which take known noise."
+            f"{argument} must be None: {model} learns a homoskedastic noise level; known "
+            f"observation noise ({argument}) is not supported. Leave {argument} out, or use "
+            "WiskiGP or KissGP, which take known noise."
         )
 
 
@@ -320,22 +322,3 @@ def check_positive_number(value: object, name: str, allow_none: bool = False) ->
     ):
         suffix = " or None" if allow_none else ""
         raise ValueError(f"{name} must be a positive number{suffix}, got {value!r}.")
-
-
-def renamed_option(value: object, old_value: object, name: str, old_name: str) -> object:
-    r"""The value of option ``name``, also accepted under its deprecated ``old_name``.
-
-    ``None`` means "not given" for both. Passing ``old_name`` warns
-    (``DeprecationWarning``); passing both raises ``ValueError``.
-    """
-    if old_value is None:
-        return value
-    warnings.warn(
-        f"{old_name} is deprecated; use {name} (one name for the option across streamgp's "
-        "models, as BoTorch's variational GPs call it).",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    if value is not None:
-        raise ValueError(f"Pass {name} only ({old_name} is its deprecated name).")
-    return old_value

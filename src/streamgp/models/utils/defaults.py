@@ -53,6 +53,7 @@ def outcome_transform_or_default(
         ``DEFAULT`` (and at least one row), else ``outcome_transform`` itself.
 
     Example:
+        >>> import torch
         >>> Y = torch.rand(5, 2)
         >>> outcome_transform_or_default(DEFAULT, Y)
         Standardize()
@@ -74,6 +75,7 @@ def mean_module_or_default(mean_module: Mean | None, like: Tensor) -> Mean:
         like: A tensor whose dtype and device the mean is moved to.
 
     Example:
+        >>> import torch
         >>> mean_module_or_default(None, torch.zeros(1))
         ConstantMean()
     """

@@ -130,8 +130,17 @@ def transaction(model: TransactionalMixin) -> Iterator[None]:
     r"""Run the enclosed update; if it raises, restore ``model.mutable_state`` and re-raise.
 
     Example:
-        >>> with transaction(model):
-        ...     model._absorb(X_t, y)  # on any exception the model is as before
+        >>> from streamgp.models import OnlineSVGP
+        >>> X = torch.rand(20, 1, dtype=torch.float64)
+        >>> model = OnlineSVGP(X, torch.sin(6 * X), num_inducing=4, num_init_steps=0)
+        >>> try:
+        ...     with transaction(model):  # on any exception the model is as before
+        ...         model.num_observed += 5
+        ...         raise RuntimeError("the update diverged")
+        ... except RuntimeError:
+        ...     pass
+        >>> model.num_observed
+        20
     """
     snapshot = take_snapshot(model)
     try:
