@@ -85,7 +85,8 @@ def test_predictions_and_likelihood_are_continuous_across_the_switch(fixed_noise
     Y = torch.sin(5 * X).sum(-1, keepdim=True)
     Yvar = 0.01 + 0.05 * torch.rand(60, 1, dtype=DTYPE) if fixed_noise else None
     part = lambda t, sl: None if t is None else t[sl]  # noqa: E731
-    model = _model(X[:20], Y[:20], part(Yvar, slice(20)), data_space_limit=40)
+    # keep_data=False: the raw observations (kept by default for re-grids) are not stored.
+    model = _model(X[:20], Y[:20], part(Yvar, slice(20)), data_space_limit=40, keep_data=False)
     assert model.in_data_space
     Xs = torch.rand(7, 2, dtype=DTYPE)
     for start in range(20, 60, 10):
