@@ -5,7 +5,7 @@ already seen; see :class:`streamgp.models.WiskiGP`.
 """
 
 from streamgp.mlls import WoodburyMarginalLogLikelihood
-from streamgp.models import KissGP, WiskiGP
+from streamgp.models import AdditiveWiskiGP, KissGP, WiskiGP
 
 __version__ = "0.1.0"
-__all__ = ["KissGP", "WiskiGP", "WoodburyMarginalLogLikelihood", "__version__"]
+__all__ = ["AdditiveWiskiGP", "KissGP", "WiskiGP", "WoodburyMarginalLogLikelihood", "__version__"]

@@ -19,6 +19,7 @@ from botorch.sampling import SobolQMCNormalSampler
 from oracles import DenseSKIModel, JointGaussianOracle, gaussian_conditioning, rel_err
 
 from streamgp.models import (
+    AdditiveWiskiGP,
     DecoupledSVGP,
     KissGP,
     LocalGP,
@@ -32,6 +33,7 @@ from streamgp.models import (
 DIM = 2
 BUILDERS = {
     "WiskiGP": lambda X, Y, **kw: WiskiGP(X, Y, grid_size=8, **kw),
+    "AdditiveWiskiGP": lambda X, Y, **kw: AdditiveWiskiGP(X, Y, grid_size=8, **kw),
     "KissGP": lambda X, Y, **kw: KissGP(X, Y, grid_size=8, **kw),
     "OnlineSGPR": lambda X, Y, **kw: OnlineSGPR(X, Y, num_inducing=8, **kw),
     "OnlineSVGP": lambda X, Y, **kw: OnlineSVGP(X, Y, num_inducing=8, num_init_steps=3, **kw),
@@ -48,6 +50,7 @@ BUILDERS = {
 #: predictive (OnlineSGPR conditions ``q(u)``: its oracle is in test_osgpr.py).
 EXACT_CONDITIONING = (
     "WiskiGP",
+    "AdditiveWiskiGP",
     "KissGP",
     "OnlineSVGP",
     "DecoupledSVGP",

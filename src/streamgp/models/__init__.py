@@ -1,5 +1,6 @@
 """BoTorch models for online Gaussian-process regression."""
 
+from streamgp.models.additive_wiski import AdditiveWiskiGP
 from streamgp.models.kissgp import KissGP
 from streamgp.models.local_gp import LocalGP
 from streamgp.models.online_softki import OnlineSoftKIGP
@@ -11,6 +12,7 @@ from streamgp.models.svdgp import DecoupledSVGP
 from streamgp.models.wiski import WiskiGP
 
 __all__ = [
+    "AdditiveWiskiGP",
     "DecoupledSVGP",
     "KissGP",
     "LearnedProjection",

@@ -721,10 +721,22 @@ class WiskiGP(
         super()._save_to_state_dict(destination, prefix, keep_vars)
         for name, value in self._statistics_tensors().items():
             destination[f"{prefix}statistics.{name}"] = value if keep_vars else value.detach()
-        if isinstance(self.interpolation, CubicGridInterpolation):
-            # The grid the statistics live on (it follows the data: re-grids).
-            destination[f"{prefix}grid.bounds"] = self.interpolation.bounds.detach()
-            destination[f"{prefix}grid.size"] = torch.tensor(self.interpolation.grid_size)
+        grid = self._grid_state()
+        if grid is not None:  # the grid the statistics live on (it follows the data)
+            destination[f"{prefix}grid.bounds"], destination[f"{prefix}grid.size"] = grid
+
+    def _grid_state(self) -> tuple[Tensor, Tensor] | None:
+        r"""The grid's box and sizes (``state_dict``'s ``grid.*``); None without a grid."""
+        if not isinstance(self.interpolation, CubicGridInterpolation):
+            return None
+        return self.interpolation.bounds.detach(), torch.tensor(self.interpolation.grid_size)
+
+    def _grid_from_state(self, bounds: Tensor, size: Tensor) -> tuple[Any, bool]:
+        r"""The interpolation (and ``structured``) of a saved :meth:`_grid_state`."""
+        grid_size = [int(g) for g in size.tolist()]
+        return build_grid(
+            bounds, bounds[:0], bounds, grid_size, self.covar_module, self.MAX_DENSE_GRID
+        )
 
     def _stream_state(self) -> dict[str, Any]:
         # The grid options that decide future re-grids (the grid itself is in state_dict).
@@ -747,17 +759,16 @@ class WiskiGP(
     def _load_grid(self, bounds: Tensor, size: Tensor) -> None:
         r"""Move to the grid a checkpoint's statistics live on (before loading them)."""
         bounds = bounds.to(self.interpolation.bounds)
-        grid_size = [int(g) for g in size.tolist()]
-        current = self.interpolation
-        if grid_size == current.grid_size and torch.equal(bounds, current.bounds):
+        current_bounds, current_size = self._grid_state()
+        if torch.equal(size, current_size) and torch.equal(bounds, current_bounds):
             return
-        if bounds.shape != current.bounds.shape:
+        if bounds.shape != current_bounds.shape or size.shape != current_size.shape:
             raise ValueError(
-                f"its grid has {bounds.shape[-1]} input dimensions, this model {current.dim}."
+                f"its grid has {bounds.shape[-1]} input dimensions and sizes "
+                f"{size.tolist()}, this model's {current_bounds.shape[-1]} and "
+                f"{current_size.tolist()}."
             )
-        interpolation, structured = build_grid(
-            bounds, bounds[:0], bounds, grid_size, self.covar_module, self.MAX_DENSE_GRID
-        )
+        interpolation, structured = self._grid_from_state(bounds, size)
         if structured and self._num_outputs > 1:
             raise ValueError(f"its grid of {interpolation.num_grid} points is too large.")
         self.interpolation, self.structured = interpolation, structured
@@ -782,7 +793,7 @@ class WiskiGP(
                 missing_keys.append(f"{key}*")
             return
         try:
-            if grid["bounds"] is not None and grid["size"] is not None:
+            if grid["bounds"] is not None and grid["size"] is not None and self._grid_state():
                 self._load_grid(grid["bounds"], grid["size"])
             statistics = self._statistics_from_tensors(tensors)
         except (KeyError, ValueError) as error:
@@ -1024,10 +1035,14 @@ class WiskiGP(
             transform._stdvs_sq.fill_(new_std**2)
             if rescale_hyperparameters:
                 self.likelihood.noise = self.likelihood.noise * alpha**2
-                if isinstance(self.covar_module, ScaleKernel):
-                    self.covar_module.outputscale = self.covar_module.outputscale * alpha**2
+                for kernel in self._scale_kernels():
+                    kernel.outputscale = kernel.outputscale * alpha**2
         self._invalidate()
         return self
+
+    def _scale_kernels(self) -> list[ScaleKernel]:
+        r"""The kernels whose output scales carry the targets' units (``restandardize``)."""
+        return [self.covar_module] if isinstance(self.covar_module, ScaleKernel) else []
 
     # ------------------------------------------------------------ BoTorch API
     def is_data_key(self, key: str) -> bool:
