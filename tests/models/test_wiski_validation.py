@@ -177,15 +177,21 @@ def test_constructor_rejects_bad_input():
         WiskiGP(X, Y, torch.ones_like(Y), likelihood=GaussianLikelihood())
 
 
-def test_input_transforms_that_learn_the_grid_box_are_refused_by_kissgp():
-    # WiskiGP keeps its data and re-grids, so it accepts them (test_wiski_regrid.py).
+def test_input_transforms_that_learn_the_grid_box_are_accepted_by_kissgp():
+    # KissGP keeps its data and re-grids, as WiskiGP (test_kissgp_regrid.py).
     cls = KissGP
     X = 2.0 + 3.0 * torch.rand(6, 2, dtype=DTYPE)
     Y = torch.rand(6, 1, dtype=DTYPE)
     chained = ChainedInputTransform(norm=Normalize(2))
     for transform in (Normalize(2), InputStandardize(2), chained):
-        with pytest.raises(ValueError, match=r"input_transform .* Normalize\(d, bounds=bounds\)"):
-            cls(X, Y, input_transform=transform, grid_size=8)
+        model = cls(X, Y, input_transform=transform, grid_size=8)
+        X_t = model.input_transform(X)
+        # The grid covers the transformed data with a margin on every side.
+        assert bool((model.interpolation.bounds[0] < X_t.min(0).values).all())
+        assert bool((model.interpolation.bounds[1] > X_t.max(0).values).all())
+        # A later point outside the first batch's box is observed (a re-grid).
+        model.observe(torch.tensor([[2.0, 9.0]], dtype=DTYPE), torch.zeros(1, 1, dtype=DTYPE))
+        assert model.num_train == 7
     # With the search space's bounds, points anywhere in it are accepted later.
     bounds = torch.tensor([[2.0, 2.0], [5.0, 5.0]], dtype=DTYPE)
     model = cls(X, Y, input_transform=Normalize(2, bounds=bounds), grid_size=8)

@@ -63,6 +63,21 @@ Transforms, as in :class:`~streamgp.models.WiskiGP`: an ``input_transform`` and 
 ``outcome_transform`` (default ``Standardize``, as ``SingleTaskGP``'s) are fitted once on
 the constructor's data and then frozen.
 
+The grid follows the data, as :class:`~streamgp.models.WiskiGP`'s. Its default box is
+:func:`~streamgp.interpolation.grid.data_grid_bounds`: the unit cube (grown where the
+data reach beyond it), or, with an input transform that learns its coefficients from
+``train_X`` (``Normalize(d)`` without bounds, ``InputStandardize``), the transformed
+data's box plus a margin. :meth:`KissGP.observe` of a point outside the box re-grids
+exactly: the box grows past it (:func:`~streamgp.interpolation.grid.grown_grid_bounds`,
+geometrically), the grid keeps the ``grid_size`` given (or the default of the new box),
+and the data are appended as always, so the model equals one built at once on all data
+with the new grid (same frozen transforms and hyperparameters). The model keeps all its
+(transformed) data anyway, so this costs no memory and needs no ``keep_data`` option;
+the hyperparameters are kept. ``state_dict()`` carries the grid (``grid.bounds``,
+``grid.size``, ``grid.size_option``): ``load_state_dict(..., keep_transforms=False)``
+adopts it; a warm start (the default) keeps the model's own grid and input transform.
+Conditioned models (fantasies) never re-grid: conditioning outside the box raises.
+
 Prior mean. As in ``SingleTaskGP``, the default is a learned constant ``c``
 (``ConstantMean``; pass ``ZeroMean()`` for zero). The grid-space paths work with the
 residuals: the grid posterior is that of ``y - c`` (its statistic
@@ -109,7 +124,11 @@ from linear_operator.operators import (
 )
 from torch import Tensor
 
-from streamgp.interpolation.grid import EXTRAPOLATION_POLICIES, CubicGridInterpolation
+from streamgp.interpolation.grid import (
+    EXTRAPOLATION_POLICIES,
+    CubicGridInterpolation,
+    grown_grid_bounds,
+)
 from streamgp.linalg.grid_kernel import grid_kernel_root, is_separable
 from streamgp.linalg.love import DEFAULT_TOLERANCE, compress_root
 from streamgp.linalg.posterior_covariance import PosteriorCovariance
@@ -128,13 +147,14 @@ from streamgp.models.utils import (
 )
 from streamgp.models.utils.defaults import DEFAULT, _DefaultType, mean_module_or_default
 from streamgp.models.wiski import build_grid
+from streamgp.settings import skip_value_checks
 from streamgp.utils.validation import (
     check_choice,
     check_conditioning_data,
-    check_grid_input_transform,
     check_grid_model_data,
     check_new_observations,
     check_tensor,
+    learns_input_coefficients,
 )
 
 
@@ -197,24 +217,35 @@ class KissGP(
         grid_size: Grid points per dimension (int or one per dimension), including the
             one-spacing padding beyond ``grid_bounds``. Default: about 1024 in total.
         grid_bounds: ``2 x d`` box covered by the grid, in the transformed input space.
-            Default: the unit cube (normalise inputs, e.g. with ``Normalize``).
-            Observations outside are rejected; predictions follow ``extrapolation``.
+            Default: the unit cube (the search space of inputs normalised with
+            ``Normalize(d, bounds=bounds)``, or already in it); with an input transform
+            that learns its coefficients from ``train_X`` (``Normalize(d)`` without
+            bounds), the transformed data's box plus a margin
+            (:func:`~streamgp.interpolation.grid.data_grid_bounds`). A box the data pass
+            (initial or observed) is grown to cover them, an exact re-grid (see the
+            module docs); predictions outside follow ``extrapolation``.
         extrapolation: What a prediction outside ``grid_bounds`` does: ``"nearest"``
             (default) predicts at the nearest point of the box and warns
             (``GridExtrapolationWarning``), so BoTorch code that probes beyond the
             search box (qLogNEI's infeasible-cost estimate) never fails mid-loop;
-            ``"error"`` raises ``ValueError``. Observations outside are always refused.
+            ``"error"`` raises ``ValueError``. Observations outside re-grid;
+            conditioning (``condition_on_observations``) outside raises.
         covar_module: Base kernel (not a ``GridInterpolationKernel``; it is wrapped in
             :class:`SKIKernel`). Default: BoTorch's ``SingleTaskGP`` kernel.
         likelihood: Gaussian likelihood for the learned-noise variant; must be omitted
             with ``train_Yvar``.
-        input_transform: Input transform, fitted on ``train_X`` and then frozen.
+        input_transform: Input transform, fitted on ``train_X`` and then frozen
+            (``Normalize(d)`` without bounds included: the grid follows the data).
         outcome_transform: Outcome transform, fitted on ``train_Y`` (and
             ``train_Yvar``) and then frozen. Default: ``Standardize(m=1)``, as in
             ``SingleTaskGP``; None for no transform.
         mean_module: The prior mean (in the outcome-transformed space): None (default)
             for a ``ConstantMean`` learned with the kernel, as in ``SingleTaskGP``; a
             gpytorch ``ConstantMean`` (one constant) or ``ZeroMean``.
+
+    Unlike :class:`~streamgp.models.WiskiGP` there is no ``keep_data`` option: an exact
+    GP keeps all its (transformed) data in ``train_inputs`` and ``train_targets``, so a
+    re-grid needs nothing more.
 
     Example:
         >>> import gpytorch
@@ -225,6 +256,11 @@ class KissGP(
         >>> with gpytorch.settings.fast_pred_var():
         ...     var = model.posterior(torch.rand(10_000, 2, dtype=torch.float64)).variance
         >>> model = model.observe(X[:3], Y[:3])  # appends the data; caches are rebuilt lazily
+        >>> from botorch.models.transforms import Normalize
+        >>> model = KissGP(5 * X, Y, grid_size=30, input_transform=Normalize(2))
+        >>> model = model.observe(torch.tensor([[8.0, 2.0]], dtype=torch.float64), Y[:1])
+        >>> model.interpolation.bounds[1, 0] > 1.2  # re-gridded past the new point
+        tensor(True)
     """
 
     _num_outputs = 1
@@ -267,7 +303,6 @@ class KissGP(
                 "mean_module must be None (a learned constant, the default), a gpytorch "
                 f"ConstantMean with one constant, or ZeroMean; got {type(mean_module).__name__}."
             )
-        check_grid_input_transform(input_transform)
         check_choice(extrapolation, "extrapolation", EXTRAPOLATION_POLICIES)
         if isinstance(covar_module, GridInterpolationKernel):
             raise TypeError(
@@ -289,8 +324,19 @@ class KissGP(
 
         if covar_module is None:
             covar_module = get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
+        # The grid size asked for (None: the default of whatever box the grid has).
+        self._grid_size_option = (
+            grid_size if grid_size is None or isinstance(grid_size, int) else list(grid_size)
+        )
         self.interpolation, self.structured = build_grid(
-            train_X, transformed_X, grid_bounds, grid_size, covar_module, self.MAX_DENSE_GRID
+            train_X,
+            transformed_X,
+            grid_bounds,
+            grid_size,
+            covar_module,
+            self.MAX_DENSE_GRID,
+            follow_data=True,
+            around_data=learns_input_coefficients(input_transform),
         )
         self.mean_module = mean_module_or_default(mean_module, train_X)
         self.covar_module = SKIKernel(covar_module, self.interpolation).to(**tkwargs)
@@ -322,6 +368,122 @@ class KissGP(
         like = self.train_targets
         self.interpolation = self.interpolation.to(device=like.device, dtype=like.dtype)
         self.covar_module.interpolation = self.interpolation
+
+    # ------------------------------------------------------------------- grid
+    def _grid_over(self, bounds: Tensor, grid_size: Any) -> tuple[Any, ...]:
+        r"""A grid over ``bounds`` and its SKI kernel, built without changing the model.
+
+        ``grid_size`` as the constructor takes it (None: the default of ``bounds``).
+        Returns ``(interpolation, structured, kernel)`` for :meth:`_set_grid`.
+        """
+        interpolation, structured = build_grid(
+            bounds, bounds[:0], bounds, grid_size, self.base_kernel, self.MAX_DENSE_GRID
+        )
+        # A new kernel module (sharing the base kernel and its hyperparameters) rather
+        # than the old one changed in place: views (condition_on_observations) share the
+        # old one and keep their grid.
+        kernel = SKIKernel(self.base_kernel, interpolation).to(bounds)
+        return interpolation, structured, kernel
+
+    def _set_grid(
+        self, interpolation: CubicGridInterpolation, structured: bool, kernel: SKIKernel
+    ) -> None:
+        self.interpolation, self.structured = interpolation, structured
+        self.covar_module = kernel
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        # The grid (it follows the data: re-grids) and the grid_size asked for, which
+        # decides the size of later re-grids (empty: the default of the box).
+        interpolation = self.interpolation
+        option = self._grid_size_option
+        if option is None:
+            option = []
+        elif isinstance(option, int):
+            option = [option] * interpolation.dim
+        destination[f"{prefix}grid.bounds"] = interpolation.bounds.detach()
+        destination[f"{prefix}grid.size"] = torch.tensor(interpolation.grid_size)
+        destination[f"{prefix}grid.size_option"] = torch.tensor(option, dtype=torch.long)
+
+    def _load_grid(self, bounds: Tensor, size: Tensor, option: Tensor | None) -> None:
+        r"""Move to a saved grid (before the kernel's grid buffers are loaded)."""
+        bounds = bounds.to(self.interpolation.bounds)
+        grid_size = [int(g) for g in size.tolist()]
+        current = self.interpolation
+        if bounds.shape != current.bounds.shape or len(grid_size) != current.dim:
+            raise ValueError(
+                f"its grid has {bounds.shape[-1]} input dimensions, this model {current.dim}."
+            )
+        grid = None
+        if grid_size != current.grid_size or not torch.equal(bounds, current.bounds):
+            grid = self._grid_over(bounds, grid_size)
+            try:
+                grid[0].check_inside(self.train_inputs[0], "this model's train_X")
+            except ValueError as error:
+                raise ValueError(
+                    f"{error} A state holds no data: load it into a model of the same data, "
+                    "or with keep_transforms=True to keep this model's grid."
+                ) from None
+        if grid is not None:
+            self._set_grid(*grid)
+        if option is not None:
+            self._grid_size_option = [int(g) for g in option.tolist()] or None
+
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
+        grid = {k: state_dict.pop(f"{prefix}grid.{k}", None) for k in ("bounds", "size")}
+        option = state_dict.pop(f"{prefix}grid.size_option", None)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+        try:
+            if grid["bounds"] is not None and grid["size"] is not None:
+                self._load_grid(grid["bounds"], grid["size"], option)
+        except ValueError as error:
+            error_msgs.append(f"KissGP grid: {error}")
+            return
+        # The kernel's grid buffers (loaded next) must be this grid's: a state without
+        # the grid (written before it was saved) is not silently misread.
+        for i, points in enumerate(self.interpolation.grid):
+            saved = state_dict.get(f"{prefix}covar_module.grid_{i}")
+            if saved is not None and (
+                saved.shape != points.shape or not torch.allclose(saved.to(points), points)
+            ):
+                error_msgs.append(
+                    f"KissGP grid: {prefix}covar_module.grid_{i} differs from this model's "
+                    "grid (build the model with the grid_size and grid_bounds of the state)."
+                )
+                return
+
+    def load_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        strict: bool = True,
+        keep_transforms: bool = True,
+        assign: bool = False,
+    ) -> Any:
+        r"""BoTorch's ``load_state_dict``; a warm start keeps the grid and input transform.
+
+        The grid and the input transform belong to this model's data (its
+        ``train_inputs`` are transformed and lie in its grid), so with
+        ``keep_transforms=True`` (a warm start: BoTorch's loops rebuild the model on all
+        data and load the previous model's state) they are kept and the rest is loaded as
+        BoTorch loads it. ``keep_transforms=False`` loads everything, the grid included
+        (rebuilt when it differs; this model's ``grid_size`` for later re-grids becomes
+        the state's), for a model of the same data: a state holds no data.
+        """
+        if keep_transforms:
+            own = {k: v for k, v in self.state_dict().items() if self._is_own_key(k)}
+            state_dict = {k: v for k, v in state_dict.items() if not self._is_own_key(k)} | own
+        return super().load_state_dict(
+            state_dict, strict=strict, keep_transforms=keep_transforms, assign=assign
+        )
+
+    @staticmethod
+    def _is_own_key(key: str) -> bool:
+        r"""State entries a warm start keeps: the grid and the input transform."""
+        return key.startswith(("grid.", "covar_module.grid_", "input_transform."))
 
     @property
     def num_train(self) -> int:
@@ -504,6 +666,14 @@ class KissGP(
         for LOVE roots of separable kernels). Use :class:`~streamgp.models.WiskiGP`
         for ``O(m^2 q)`` updates.
 
+        A point outside the grid's box re-grids first: a box grown past it
+        (:func:`~streamgp.interpolation.grid.grown_grid_bounds`), the ``grid_size``
+        given to the constructor (or the default of the new box), a new ``SKIKernel``
+        around the same base kernel; the hyperparameters are kept and the caches
+        rebuilt from all data, so the model equals one built at once on all data with
+        that grid. (Inside :class:`~streamgp.settings.skip_value_checks` nothing is
+        checked and points outside are clamped onto the box.)
+
         Args:
             X: ``q x d`` new inputs (original space).
             Y: ``q x 1`` new targets (original space).
@@ -526,7 +696,13 @@ class KissGP(
                 "observations; observe on the parent model instead."
             )
         X_t, Y_t, Yvar_t = transform_new_data(self, X, Y, Yvar)
-        self.interpolation.check_inside(X_t, "X")
+        grid = None
+        if not skip_value_checks.on():  # (a host read; inside it, points are clamped)
+            bounds = grown_grid_bounds(self.interpolation.bounds, X_t.detach())
+            if bounds is not None:  # a re-grid; the old grid lies inside the new one
+                grid = self._grid_over(bounds, self._grid_size_option)
+        if grid is None:
+            self.interpolation.check_inside(X_t, "X")
         if len(X) == 0:
             return self
         parts = [(self.train_inputs[0], self.train_targets, self.likelihood.noise.detach())]
@@ -539,6 +715,8 @@ class KissGP(
         y_all = torch.cat([p[1] for p in parts])
         noise_all = torch.cat([p[2] for p in parts]) if self.fixed_noise else None
         self._clear_caches()  # the conditioning is now data
+        if grid is not None:
+            self._set_grid(*grid)
         self._set_data(X_all, y_all, noise_all)
         return self
 
