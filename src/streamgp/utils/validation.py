@@ -110,25 +110,6 @@ def learns_input_coefficients(input_transform: object | None) -> bool:
     return any(isinstance(part, AffineInputTransform) and part.learn_coefficients for part in parts)
 
 
-def check_grid_input_transform(input_transform: object | None) -> None:
-    r"""Refuse input transforms that would learn the grid's box from the first batch.
-
-    For a grid model that keeps no raw data (it cannot re-grid): its grid is fixed at
-    construction in the transformed space. An affine input transform that learns its
-    coefficients (:func:`learns_input_coefficients`) is fitted on the constructor's data
-    and then frozen, so the grid would cover only the box of those first points, and the
-    first later point outside it would fail in the middle of a loop. This fails at
-    construction instead, naming the fix.
-    """
-    if learns_input_coefficients(input_transform):
-        raise ValueError(
-            f"input_transform {type(input_transform).__name__} learns its bounds from "
-            "train_X, so the fixed grid would cover "
-            "only the initial points' box and later points outside it would be rejected. "
-            "Pass the search space: Normalize(d, bounds=bounds)."
-        )
-
-
 def check_train_data(
     train_X: object, train_Y: object, *, allow_empty: bool = True, multi_output: bool = False
 ) -> None:
