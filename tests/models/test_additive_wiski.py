@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import math
 
@@ -190,7 +191,7 @@ def test_bad_groups_are_refused(groups, match):
 
 def test_bad_observations_leave_the_model_unchanged():
     X, Y = _data(20)
-    model = AdditiveWiskiGP(X, Y)
+    model = AdditiveWiskiGP(X, Y, keep_data=False)  # refuses points outside its box
     before = {k: v.clone() for k, v in model.state_dict().items()}
     X_test = _data(4, seed=5)[0]
     mean = model.posterior(X_test).mean.detach()
@@ -202,6 +203,44 @@ def test_bad_observations_leave_the_model_unchanged():
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert torch.equal(model.posterior(X_test).mean.detach(), mean)
+
+
+@pytest.mark.parametrize("fixed_noise", [False, True], ids=["learned-noise", "fixed-noise"])
+def test_regrid_equals_a_model_built_on_all_data(fixed_noise):
+    X, Y = _data(30)
+    X = 2 + 3 * X  # raw inputs in [2, 5]^4: Normalize(4) learns them
+    Yvar = torch.full_like(Y, 0.01) if fixed_noise else None
+    model = _model(X, Y, Yvar, groups=[[0, 1], [2], [3]], input_transform=Normalize(4))
+    X_out = torch.tensor([[1.0, 3.0, 3.0, 3.0], [4.0, 7.5, 3.0, 0.5]], dtype=DT)
+    Y_out = torch.sin(X_out).sum(-1, keepdim=True)
+    Yvar_out = None if Yvar is None else torch.full_like(Y_out, 0.02)
+    before = model.interpolation.bounds.clone()
+    model.observe(X_out, Y_out, Yvar_out)
+    assert not torch.equal(model.interpolation.bounds, before)
+    assert len(model.observations) == 32
+    oracle = AdditiveWiskiGP(
+        torch.cat([X, X_out]),
+        torch.cat([Y, Y_out]),
+        None if Yvar is None else torch.cat([Yvar, Yvar_out]),
+        input_transform=copy.deepcopy(model.input_transform),  # eval mode: stays frozen
+        outcome_transform=None,
+        groups=[[0, 1], [2], [3]],
+        grid_bounds=model.interpolation.bounds.clone(),
+    )
+    oracle.load_state_dict(model.state_dict())
+    X_test = torch.tensor([[1.5, 3.0, 4.0, 1.0], [3.0, 7.0, 2.5, 4.5]], dtype=DT)
+    with torch.no_grad():
+        a, b = model.posterior(X_test), oracle.posterior(X_test)
+        assert torch.allclose(a.mean, b.mean, atol=1e-10, rtol=0)
+        assert torch.allclose(a.variance, b.variance, atol=1e-10, rtol=0)
+        assert torch.allclose(model.fit_objective()[0], oracle.fit_objective()[0], atol=1e-8)
+    # The checkpoint carries the grown grid.
+    restored = AdditiveWiskiGP(
+        X, Y, Yvar, groups=[[0, 1], [2], [3]], input_transform=Normalize(4), outcome_transform=None
+    )
+    restored.restore(model.checkpoint())
+    with torch.no_grad():
+        assert torch.equal(restored.posterior(X_test).mean, model.posterior(X_test).mean)
 
 
 def test_check_groups_pairs():

@@ -61,6 +61,7 @@ from streamgp.interpolation.grid import (
     CubicGridInterpolation,
     InterpolationWeights,
     data_grid_bounds,
+    grown_grid_bounds,
 )
 from streamgp.linalg.grid_kernel import GridKernelRoot, jittered_cholesky
 from streamgp.models.wiski import WiskiGP
@@ -254,9 +255,12 @@ class AdditiveWiskiGP(WiskiGP):
             ``DEFAULT_GROUP_GRID_SIZE``).
         grid_bounds: ``2 x d`` box of the grids, in the transformed space. Default: the
             unit cube, or the data's box plus a margin with a learned input transform.
-            Observations outside it are refused (this model does not re-grid yet);
-            predictions follow ``extrapolation``.
+            A box the data pass is grown to cover them (see ``keep_data``); predictions
+            outside follow ``extrapolation``.
         extrapolation: ``"nearest"`` (default) or ``"error"``, as in ``WiskiGP``.
+        keep_data: As in ``WiskiGP``: keep the raw observations (``O(n d)``) so that an
+            observation outside the box re-grids exactly (every group's grid over the
+            grown box, the same points per axis); False refuses it instead.
         mean_module: None (a learned constant, the default), a ``ConstantMean`` or
             ``ZeroMean()``.
 
@@ -285,6 +289,7 @@ class AdditiveWiskiGP(WiskiGP):
         grid_size: int | None = None,
         grid_bounds: Tensor | None = None,
         extrapolation: str = "nearest",
+        keep_data: bool = True,
         mean_module: ConstantMean | ZeroMean | None = None,
     ) -> None:
         check_grid_model_data(train_X, train_Y, train_Yvar, likelihood)
@@ -313,9 +318,12 @@ class AdditiveWiskiGP(WiskiGP):
         around_data = learns_input_coefficients(input_transform)
 
         def build_interpolation(X_t: Tensor, y: Tensor, noise: Tensor | None):
-            bounds = (
-                data_grid_bounds(X_t.detach(), around_data) if grid_bounds is None else grid_bounds
-            )
+            X_t = X_t.detach()
+            if grid_bounds is None:
+                bounds = data_grid_bounds(X_t, around_data)
+            else:
+                grown = grown_grid_bounds(grid_bounds, X_t) if keep_data is True else None
+                bounds = grid_bounds if grown is None else grown
             interpolation = AdditiveGridInterpolation(bounds, checked, grid_size)
             interpolation.check_inside(X_t, "train_X")
             return interpolation
@@ -330,6 +338,7 @@ class AdditiveWiskiGP(WiskiGP):
             input_transform,
             extrapolation=extrapolation,
             interpolation=build_interpolation,
+            keep_data=keep_data,
             mean_module=mean_module,
         )
 
@@ -348,6 +357,17 @@ class AdditiveWiskiGP(WiskiGP):
             )
         ]
         return GridKernelRoot((torch.block_diag(*blocks) * len(blocks),))
+
+    REGRIDS_INTERPOLATION = True
+
+    def _regridded_interpolation(
+        self, bounds: Tensor, X: Tensor, X_t: Tensor
+    ) -> tuple[AdditiveGridInterpolation, bool]:
+        interpolation = AdditiveGridInterpolation(
+            bounds, self.interpolation.groups, self.interpolation.axis_sizes
+        )
+        interpolation.check_inside(X_t, "X")
+        return interpolation, False
 
     def _grid_state(self) -> tuple[Tensor, Tensor]:
         return self.interpolation.bounds.detach(), torch.tensor(self.interpolation.axis_sizes)

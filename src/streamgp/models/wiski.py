@@ -374,6 +374,9 @@ class WiskiGP(
     STATISTICS_CHUNK = 8192
     #: Default ``data_space_limit``; None means ``min(m, MAX_DENSE_GRID)``.
     DATA_SPACE_LIMIT: int | None = None
+    #: Whether a subclass's ``interpolation`` is a grid it can grow (it then keeps data
+    #: with ``keep_data`` and implements :meth:`_regridded_interpolation`).
+    REGRIDS_INTERPOLATION = False
 
     data_state_prefixes = _DATA_KEY_PREFIXES
     #: Derived from the statistics on demand (conditioning replayed).
@@ -443,7 +446,7 @@ class WiskiGP(
         # restandardize) for a re-grid.
         self.observations = (
             ObservationStore(train_X, train_Y, train_Yvar)
-            if keep_data and interpolation is None
+            if keep_data and (interpolation is None or self.REGRIDS_INTERPOLATION)
             else None
         )
         # Fit the transforms once on the initial data, then freeze them.
@@ -1178,6 +1181,15 @@ class WiskiGP(
         self._posterior = posterior
         self._switch_space_if_needed(statistics)
 
+    def _regridded_interpolation(
+        self, bounds: Tensor, X: Tensor, X_t: Tensor
+    ) -> tuple[CubicGridInterpolation, bool]:
+        r"""The interpolation over the grown box ``bounds`` (and ``structured``), covering
+        the transformed inputs ``X_t`` (of raw ``X``)."""
+        return build_grid(
+            X, X_t, bounds, self._grid_size_option, self.covar_module, self.MAX_DENSE_GRID
+        )
+
     def _regrid(self, bounds: Tensor, X: Tensor, Y: Tensor, Yvar: Tensor | None) -> None:
         r"""Move to a grid over ``bounds`` holding every kept observation and ``(X, Y, Yvar)``.
 
@@ -1190,14 +1202,7 @@ class WiskiGP(
         X_all, Y_all = torch.cat([store.X, X]), torch.cat([store.Y, Y])
         Yvar_all = None if Yvar is None else torch.cat([store.Yvar, Yvar])
         X_t, Y_t, Yvar_t = self._transform_new_data(X_all, Y_all, Yvar_all)
-        interpolation, structured = build_grid(
-            X_all,
-            X_t,
-            bounds,
-            self._grid_size_option,
-            self.covar_module,
-            self.MAX_DENSE_GRID,
-        )
+        interpolation, structured = self._regridded_interpolation(bounds, X_all, X_t)
         if structured and self._num_outputs > 1:
             raise ValueError(
                 f"X: re-gridding to cover it would need {interpolation.num_grid} > "
