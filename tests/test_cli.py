@@ -40,6 +40,18 @@ def test_tiny_bo_run_writes_csv_and_summary(tmp_path, capsys):
     assert "best_value" in capsys.readouterr().out
 
 
+def test_models_auto_picks_the_additive_wiski_above_three_dimensions(tmp_path):
+    argv = "bo --function ackley --dim 6 --models auto,exact --steps 2 --num-init 6"
+    argv += " --num-restarts 2 --raw-samples 16 --maxiter 5 --fit-max-iter 5"
+    argv += " --no-progress --no-plots --out"
+    main([*argv.split(), str(tmp_path)])
+    results = pd.read_csv(tmp_path / "bo_ackley_qucb.csv")
+    assert set(results["model"]) == {"wiski-additive", "exact"} and results["step"].max() == 2
+    from streamgp.cli import _resolve_models
+
+    assert _resolve_models(["auto", "wiski"], 2) == ["wiski"]
+
+
 def test_active_pool_batch_size_reaches_the_acquisition_options():
     from streamgp.cli import _acquisition_options, build_parser
     from streamgp.loops import AcquisitionOptions

@@ -32,7 +32,7 @@ import pandas as pd
 
 from streamgp.loops.acquisition import BOX_ACQUISITIONS, POOL_ACQUISITIONS, AcquisitionOptions
 from streamgp.loops.bo import TEST_FUNCTIONS
-from streamgp.loops.surrogates import SURROGATES
+from streamgp.loops.surrogates import SURROGATES, choose_surrogate
 
 
 def _choices_list(choices: Sequence[str], what: str):
@@ -91,9 +91,13 @@ def _first_trial(parser: argparse.ArgumentParser) -> None:
 
 
 def _common(parser: argparse.ArgumentParser, default_q: int, default_init: int) -> None:
-    models = _choices_list(tuple(SURROGATES), "model")
+    models = _choices_list((*SURROGATES, "auto"), "model")
     parser.add_argument(
-        "--models", type=models, default=["wiski", "exact"], help="e.g. wiski,exact"
+        "--models",
+        type=models,
+        default=["wiski", "exact"],
+        help="e.g. wiski,exact; auto: the streaming model for the dimension "
+        "(wiski up to 3-D, wiski-additive above)",
     )
     parser.add_argument("--steps", type=_positive_int, default=100, help="steps per run")
     parser.add_argument(
@@ -194,6 +198,12 @@ def _acquisition_options(args: argparse.Namespace) -> AcquisitionOptions:
     )
 
 
+def _resolve_models(models: list[str], dim: int) -> list[str]:
+    """``--models`` with ``auto`` replaced by the rule's model for ``dim`` inputs."""
+    resolved = [choose_surrogate(dim) if model == "auto" else model for model in models]
+    return list(dict.fromkeys(resolved))  # auto may repeat a model also named
+
+
 def _model_options(args: argparse.Namespace) -> dict[str, dict]:
     grid = {} if args.grid_size is None else {"grid_size": args.grid_size}
     inducing = {} if args.num_inducing is None else {"num_inducing": args.num_inducing}
@@ -291,7 +301,7 @@ def _bo(args: argparse.Namespace) -> None:
     with _executor(args) as executor:
         results = run_bo_experiment(
             args.function,
-            models=args.models,
+            models=_resolve_models(args.models, args.dim),
             acquisition=args.acquisition,
             steps=args.steps,
             max_steps=args.max_steps,
@@ -342,7 +352,7 @@ def _active(args: argparse.Namespace) -> None:
             test_Y,
             pool_Yvar,
             name=f"active_{args.dataset}",
-            models=args.models,
+            models=_resolve_models(args.models, pool_X.shape[-1]),
             acquisitions=args.acquisitions,
             steps=args.steps,
             max_steps=args.max_steps,

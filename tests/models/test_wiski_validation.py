@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from botorch.models.transforms.input import ChainedInputTransform, InputStandardize, Normalize
@@ -212,3 +214,16 @@ def test_default_grid_follows_dimension_domain_and_device():
     assert model.interpolation.grid_size == [16, 64]
     chosen = WiskiGP(X, X.sum(-1, keepdim=True), grid_size=7, grid_bounds=bounds)
     assert chosen.interpolation.grid_size == [7, 7]  # grid_size stays the override
+
+
+def test_default_grid_in_four_or_more_dimensions_warns_and_names_the_additive_model():
+    from streamgp.models.wiski import HighDimensionalGridWarning
+
+    X = torch.rand(10, 4, dtype=DTYPE)
+    Y = X.sum(-1, keepdim=True)
+    with pytest.warns(HighDimensionalGridWarning, match=r"4\^4 = 256 weights.*AdditiveWiskiGP"):
+        WiskiGP(X, Y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HighDimensionalGridWarning)
+        WiskiGP(X, Y, grid_size=5)  # a deliberate grid
+        WiskiGP(X[:, :3], Y)  # three dimensions: the product grid is WISKI's own

@@ -40,7 +40,7 @@ from torch import Tensor
 from torch.quasirandom import SobolEngine
 
 from streamgp.mlls import WoodburyMarginalLogLikelihood
-from streamgp.models import KissGP, OnlineSoftKIGP, OnlineSVGP, WiskiGP
+from streamgp.models import AdditiveWiskiGP, KissGP, OnlineSoftKIGP, OnlineSVGP, WiskiGP
 from streamgp.utils.validation import check_count, check_positive_number
 
 #: Builds the covariance module for a given input dimension (``None``: the model's default).
@@ -262,6 +262,28 @@ class WiskiSurrogate(_CheckpointedSurrogate, _GridSurrogate):
         if self._restandardizes and self._model.num_train > 1:
             self._model.restandardize()
         super().fit(max_iter)
+
+
+class AdditiveWiskiSurrogate(WiskiSurrogate):
+    r""":class:`AdditiveWiskiGP` (singleton groups): WISKI for 4-20-D search spaces.
+
+    As :class:`WiskiSurrogate` (restandardised at each refit by default), with the model's
+    own additive kernel (a scaled RBF per group) unless ``kernel_factory`` gives one (an
+    ``AdditiveKernel`` with one part per group). ``grid_size``: points per group axis.
+
+    Example:
+        >>> X = torch.rand(5, 6, dtype=torch.float64)
+        >>> s = AdditiveWiskiSurrogate(X, X.sum(-1, keepdim=True))
+        >>> s.update(torch.rand(3, 6, dtype=torch.float64), torch.rand(3, 1, dtype=torch.float64))
+        >>> s.model.num_train
+        8
+    """
+
+    name = "wiski-additive"
+    model_cls = AdditiveWiskiGP
+
+    def _default_kernel(self, dim: int) -> Kernel | None:
+        return None  # the model's own additive kernel
 
 
 class KissSurrogate(_GridSurrogate):
@@ -528,12 +550,32 @@ SURROGATES: dict[str, type[Surrogate]] = {
     cls.name: cls
     for cls in (
         WiskiSurrogate,
+        AdditiveWiskiSurrogate,
         KissSurrogate,
         OnlineSVGPSurrogate,
         SoftKISurrogate,
         ExactSurrogate,
     )
 }
+
+
+#: The surrogate :func:`choose_surrogate` picks: WISKI's product grid up to 3-D, where
+#: it costs no more than ``SingleTaskGP`` per step at any n; the additive WISKI above,
+#: where a product grid would put ``4^d`` weights on every input.
+MAX_PRODUCT_GRID_DIM = 3
+
+
+def choose_surrogate(dim: int) -> str:
+    r"""The streaming surrogate for ``dim``-dimensional inputs (``--models auto``).
+
+    ``"wiski"`` for ``dim <= MAX_PRODUCT_GRID_DIM``, ``"wiski-additive"`` above.
+
+    Example:
+        >>> choose_surrogate(3), choose_surrogate(6)
+        ('wiski', 'wiski-additive')
+    """
+    check_count(dim, "dim", minimum=1)
+    return "wiski" if dim <= MAX_PRODUCT_GRID_DIM else "wiski-additive"
 
 
 def make_surrogate(

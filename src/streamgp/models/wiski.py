@@ -94,6 +94,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -163,6 +164,15 @@ DEFAULT_GRID_POINTS = 1024
 #: The same on CUDA, where the dense ``m x m`` algebra is cheap up to ``MAX_DENSE_GRID``
 #: (``16^3``, ``64^2``): finer grids represent rougher functions at no cost in ``n``.
 DEFAULT_CUDA_GRID_POINTS = 4096
+
+
+class HighDimensionalGridWarning(UserWarning):
+    r"""A product grid in 4 or more dimensions: ``4^d`` weights on every input.
+
+    Raised (once per call site, Python's default) when :class:`WiskiGP` builds its
+    default grid for ``d >= 4`` inputs; :class:`~streamgp.models.AdditiveWiskiGP` is the
+    model for those dimensions. Passing ``grid_size`` states the choice and silences it.
+    """
 
 
 def default_grid_size(
@@ -474,6 +484,17 @@ class WiskiGP(
         # The grid size asked for (None: the default of whatever box the grid has).
         self._grid_size_option = grid_size
         if interpolation is None:
+            if dim >= 4 and grid_size is None:
+                warnings.warn(
+                    f"WiskiGP on {dim}-D inputs: its default grid is a product of "
+                    f"{default_grid_size(dim)} points per dimension, and cubic interpolation "
+                    f"puts 4^{dim} = {4**dim} weights on every input, so every update, "
+                    "prediction and fit is slow. For d >= 4 use AdditiveWiskiGP (an "
+                    "additive kernel over groups of at most 3 dimensions, 4 weights per "
+                    "dimension), or pass grid_size to choose this grid deliberately.",
+                    HighDimensionalGridWarning,
+                    stacklevel=2,
+                )
             self.interpolation, self.structured = build_grid(
                 train_X,
                 transformed_X,
