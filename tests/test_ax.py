@@ -27,6 +27,7 @@ from botorch.acquisition.logei import qLogExpectedImprovement  # noqa: E402
 
 from streamgp.ax import StreamingSurrogate, streaming_generation_strategy  # noqa: E402
 from streamgp.models import (  # noqa: E402
+    AdditiveWiskiGP,
     DecoupledSVGP,
     KissGP,
     LocalGP,
@@ -100,7 +101,8 @@ def _plain_strategy(model_class: type) -> GenerationStrategy:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "model_class", [WiskiGP, KissGP, OnlineSGPR, OnlineSVGP, DecoupledSVGP, LocalGP, SoftKIGP]
+    "model_class",
+    [WiskiGP, AdditiveWiskiGP, KissGP, OnlineSGPR, OnlineSVGP, DecoupledSVGP, LocalGP, SoftKIGP],
 )
 def test_model_class_swapped_into_ax_modular_botorch(model_class):
     values = _run(_client(_plain_strategy(model_class)))
