@@ -78,3 +78,33 @@ def test_restore_refuses_a_plain_state_dict():
     model = FACTORIES["OnlineSGPR"](X, Y)
     with pytest.raises(ValueError, match="checkpoint"):
         model.restore(model.state_dict())
+
+
+@pytest.mark.parametrize("name", list(FACTORIES))
+def test_a_checkpoint_that_does_not_fit_leaves_the_model_as_it_was(name):
+    X, Y = _data(30)
+    model = FACTORIES[name](X[:20], Y[:20])
+    model.observe(X[20:], Y[20:])
+    Xs = torch.rand(5, 2, dtype=DTYPE)
+    with torch.no_grad():
+        before = model.posterior(Xs)
+        mean, variance = before.mean.clone(), before.variance.clone()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    # A checkpoint of the same class whose hyperparameters load first and whose data
+    # part does not fit (every data tensor truncated to the wrong width).
+    source = FACTORIES[name](X[:20], Y[:20])
+    for parameter in source.parameters():
+        parameter.data.add_(0.5)
+    bad = source.checkpoint()
+    bad["state_dict"] = {
+        k: (v[..., :1] if v.dim() and v.shape[-1] > 1 and source.is_data_key(k) else v)
+        for k, v in bad["state_dict"].items()
+    }
+    with pytest.raises((RuntimeError, ValueError, IndexError, KeyError)):
+        model.restore(bad)
+    now = model.state_dict()
+    assert now.keys() == state.keys()
+    assert all(torch.equal(now[k], state[k]) for k in state)
+    with torch.no_grad():
+        after = model.posterior(Xs)
+        assert torch.equal(after.mean, mean) and torch.equal(after.variance, variance)

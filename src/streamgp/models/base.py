@@ -21,6 +21,7 @@ posterior), not ``train_inputs``, so both entry points need the model's help:
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -149,16 +150,30 @@ class StreamingModelMixin(PosteriorMixin):
         r"""Resume the stream saved by :meth:`checkpoint` (in place; returns the model).
 
         The receiving model must have been built with the same options (kernel, grid,
-        inducing-set size, likelihood); whatever data it held are replaced.
+        inducing-set size, likelihood); whatever data it held are replaced. Atomic: a
+        checkpoint that does not fit raises and leaves the model as it was (torch's
+        ``load_state_dict`` alone would have loaded part of it before raising).
         """
         if set(checkpoint) != {"state_dict", "stream"}:
             raise ValueError(
                 "checkpoint must be a dict from model.checkpoint() with keys 'state_dict' "
                 f"and 'stream'; got keys {sorted(checkpoint)}."
             )
+        own = self.checkpoint()
+        backup = {
+            "state_dict": {k: v.detach().clone() for k, v in own["state_dict"].items()},
+            "stream": copy.deepcopy(own["stream"]),
+        }
+        try:
+            self._load_checkpoint(checkpoint)
+        except BaseException:
+            self._load_checkpoint(backup)
+            raise
+        return self
+
+    def _load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.load_state_dict(checkpoint["state_dict"], keep_transforms=False)
         self._set_stream_state(checkpoint["stream"])
-        return self
 
     def _stream_state(self) -> dict[str, Any]:
         r"""Streaming state outside ``state_dict()`` (tensors and numbers only)."""
