@@ -55,6 +55,7 @@ from botorch.utils.types import DEFAULT, _DefaultType
 from gpytorch.kernels import AdditiveKernel, Kernel, ScaleKernel
 from gpytorch.likelihoods import GaussianLikelihood
 from gpytorch.means import ConstantMean, ZeroMean
+from gpytorch.priors import GammaPrior
 from torch import Tensor
 
 from streamgp.interpolation.grid import (
@@ -214,14 +215,18 @@ def additive_kernel(groups: list[list[int]], like: Tensor) -> AdditiveKernel:
 
     Each group gets an RBF kernel with BoTorch's dimension-scaled lengthscale prior on
     its dimensions (``active_dims``) inside a ``ScaleKernel`` whose output scale starts at
-    ``1 / G``, so the prior variance of the sum starts at one (standardised targets).
+    ``1 / G``, so the prior variance of the sum starts at one (standardised targets). The
+    output scale has a ``Gamma(2, 2 G)`` prior (mean ``1 / G``), whose density vanishes at
+    zero: without it the marginal likelihood on a few points switches most groups off
+    (scales near ``e^-20``), and a warm start (BoTorch's loop) keeps them off for good. On
+    BoTorch's closed-loop tutorial that left the objective model with one dimension.
     """
     parts = []
     for group in groups:
         base = get_covar_module_with_dim_scaled_prior(
             ard_num_dims=len(group), active_dims=torch.tensor(group)
         )
-        scaled = ScaleKernel(base)
+        scaled = ScaleKernel(base, outputscale_prior=GammaPrior(2.0, 2.0 * len(groups)))
         scaled.outputscale = 1.0 / len(groups)
         parts.append(scaled)
     return AdditiveKernel(*parts).to(like)
