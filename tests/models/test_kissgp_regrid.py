@@ -12,6 +12,12 @@ import copy
 import pytest
 import torch
 from botorch.models.transforms.input import Normalize
+from regrid_helpers import (
+    assert_same_posterior,
+    normalized_model,
+    oracle_on_the_grid,
+    regrid_data,
+)
 
 from streamgp import KissGP
 from streamgp.interpolation.grid import GRID_MARGIN
@@ -21,55 +27,19 @@ TOL = 1e-10
 
 
 def _data(n: int, seed: int = 0):
-    generator = torch.Generator().manual_seed(seed)
-    X = 2.0 + 3.0 * torch.rand(n, 2, generator=generator, dtype=DT)  # raw inputs in [2, 5]^2
-    Y = torch.sin(2 * X).sum(-1, keepdim=True)
-    Yvar = 0.01 + 0.02 * torch.rand(n, 1, generator=generator, dtype=DT)
-    return X, Y, Yvar
+    return regrid_data(n, seed=seed)
 
 
 def _model(X, Y, Yvar, fixed_noise: bool, **options) -> KissGP:
-    model = KissGP(
-        X,
-        Y,
-        Yvar if fixed_noise else None,
-        input_transform=Normalize(2),
-        outcome_transform=None,
-        **options,
-    )
-    # Hyperparameters away from their initial values, so that the comparison means something.
-    model.base_kernel.lengthscale = torch.tensor([[0.3, 0.5]], dtype=DT)
-    model.mean_module.constant = torch.full_like(model.mean_module.constant, 0.4)
-    if not fixed_noise:
-        model.likelihood.noise = torch.tensor([0.02], dtype=DT)
-    return model
+    return normalized_model(KissGP, X, Y, Yvar, fixed_noise, **options)
 
 
 def _oracle(model: KissGP, X, Y, Yvar) -> KissGP:
-    """All data at once on ``model``'s grid, with its frozen transforms and hyperparameters."""
-    oracle = KissGP(
-        X,
-        Y,
-        Yvar if model.fixed_noise else None,
-        input_transform=copy.deepcopy(model.input_transform),  # eval mode: stays frozen
-        outcome_transform=None,
-        grid_bounds=model.interpolation.bounds.clone(),
-        grid_size=model.interpolation.grid_size,
-    )
-    oracle.load_state_dict(model.state_dict())  # hyperparameters (a warm start)
-    return oracle
+    return oracle_on_the_grid(model, X, Y, Yvar)
 
 
 def _assert_same_posterior(model: KissGP, oracle: KissGP, X_test) -> None:
-    with torch.no_grad():
-        a, b = model.posterior(X_test), oracle.posterior(X_test)
-        assert torch.allclose(a.mean, b.mean, atol=TOL, rtol=0)
-        assert torch.allclose(a.variance, b.variance, atol=TOL, rtol=0)
-        a, b = (
-            model.posterior(X_test, observation_noise=True),
-            oracle.posterior(X_test, observation_noise=True),
-        )
-        assert torch.allclose(a.variance, b.variance, atol=TOL, rtol=0)
+    assert_same_posterior(model, oracle, X_test, TOL)
 
 
 def test_normalize_without_bounds_is_accepted_and_the_grid_covers_a_margin():

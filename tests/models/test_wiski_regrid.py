@@ -13,6 +13,12 @@ import math
 import pytest
 import torch
 from botorch.models.transforms.input import Normalize
+from regrid_helpers import (
+    assert_same_posterior,
+    normalized_model,
+    oracle_on_the_grid,
+    regrid_data,
+)
 
 from streamgp import WiskiGP
 from streamgp.interpolation.grid import GRID_GROWTH, GRID_MARGIN
@@ -22,56 +28,19 @@ TOL = 1e-10
 
 
 def _data(n: int, outputs: int = 1, seed: int = 0):
-    generator = torch.Generator().manual_seed(seed)
-    X = 2.0 + 3.0 * torch.rand(n, 2, generator=generator, dtype=DT)  # raw inputs in [2, 5]^2
-    Y = torch.sin(2 * X).sum(-1, keepdim=True) + torch.arange(outputs, dtype=DT)
-    Yvar = 0.01 + 0.02 * torch.rand(n, 1, generator=generator, dtype=DT).expand(n, outputs)
-    return X, Y, Yvar
+    return regrid_data(n, outputs, seed)
 
 
 def _model(X, Y, Yvar, fixed_noise: bool, **options) -> WiskiGP:
-    model = WiskiGP(
-        X,
-        Y,
-        Yvar if fixed_noise else None,
-        input_transform=Normalize(2),
-        outcome_transform=None,
-        **options,
-    )
-    # Hyperparameters away from their initial values, so that the comparison means something.
-    model.covar_module.lengthscale = torch.tensor([[0.3, 0.5]], dtype=DT)
-    model.mean_module.constant = torch.full_like(model.mean_module.constant, 0.4)
-    if not fixed_noise:
-        model.likelihood.noise = torch.tensor([0.02], dtype=DT)
-    return model
+    return normalized_model(WiskiGP, X, Y, Yvar, fixed_noise, **options)
 
 
 def _oracle(model: WiskiGP, X, Y, Yvar) -> WiskiGP:
-    """All data at once on ``model``'s grid, with its frozen transforms and hyperparameters."""
-    oracle = WiskiGP(
-        X,
-        Y,
-        Yvar if model.fixed_noise else None,
-        input_transform=copy.deepcopy(model.input_transform),  # eval mode: stays frozen
-        outcome_transform=None,
-        grid_bounds=model.interpolation.bounds.clone(),
-        grid_size=model.interpolation.grid_size,
-        data_space_limit=model.data_space_limit,
-    )
-    oracle.load_state_dict(model.state_dict())  # hyperparameters (a warm start)
-    return oracle
+    return oracle_on_the_grid(model, X, Y, Yvar, data_space_limit=model.data_space_limit)
 
 
 def _assert_same_posterior(model: WiskiGP, oracle: WiskiGP, X_test) -> None:
-    with torch.no_grad():
-        a, b = model.posterior(X_test), oracle.posterior(X_test)
-        assert torch.allclose(a.mean, b.mean, atol=TOL, rtol=0)
-        assert torch.allclose(a.variance, b.variance, atol=TOL, rtol=0)
-        a, b = (
-            model.posterior(X_test, observation_noise=True),
-            oracle.posterior(X_test, observation_noise=True),
-        )
-        assert torch.allclose(a.variance, b.variance, atol=TOL, rtol=0)
+    assert_same_posterior(model, oracle, X_test, TOL)
 
 
 def test_normalize_without_bounds_learns_them_and_the_grid_covers_a_margin():
