@@ -105,7 +105,7 @@ from streamgp.models.utils import (
     transform_new_data,
 )
 from streamgp.models.utils.defaults import DEFAULT, _DefaultType, mean_module_or_default
-from streamgp.utils.optimization import PersistentOptimizerMixin
+from streamgp.models.utils.optimization import PersistentOptimizerMixin
 from streamgp.utils.validation import (
     check_count,
     check_inducing_points,

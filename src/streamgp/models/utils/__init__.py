@@ -12,6 +12,10 @@ r"""What every streamgp model shares: posterior template, transforms, views, cac
   the plumbing that drops them (:class:`CachedPosteriorMixin`).
 - :mod:`~streamgp.models.utils.transaction`: updates that leave the model as it was
   when they fail.
+- :mod:`~streamgp.models.utils.optimization`: the per-batch optimizer the streaming
+  variational models keep between batches.
+- :mod:`~streamgp.models.utils.observations`: the raw observations a grid model keeps
+  for exact re-grids.
 """
 
 from streamgp.models.utils.cache import (

@@ -2,7 +2,7 @@
 
 import torch
 
-from streamgp.utils.optimization import PersistentOptimizerMixin
+from streamgp.models.utils.optimization import PersistentOptimizerMixin
 
 
 class _Model(PersistentOptimizerMixin, torch.nn.Module):
