@@ -16,7 +16,7 @@ from gpytorch.kernels import RBFKernel, ScaleKernel
 from gpytorch.likelihoods import BernoulliLikelihood, GaussianLikelihood
 from gpytorch.means import ConstantMean, ZeroMean
 from gpytorch.mlls import ExactMarginalLogLikelihood
-from oracles import rel_err
+from oracles import hyperparameter_vector, rel_err
 from oracles.variational import (
     collapsed_bound,
     pseudo_point_conditioning,
@@ -573,18 +573,6 @@ def _fit(model: OnlineSVGP) -> None:
     model.eval()
 
 
-def _hyperparameters(model) -> torch.Tensor:
-    kernel = model.covar_module
-    return torch.cat(
-        [
-            kernel.base_kernel.lengthscale.reshape(-1),
-            kernel.outputscale.reshape(-1),
-            model.likelihood.noise.reshape(-1),
-            model.mean_module.constant.reshape(-1),
-        ]
-    ).detach()
-
-
 def _valid_stream(beta: float = 1e-3) -> OnlineSVGP:
     """Defaults (Standardize, learned constant); q at its optimum on the first batch, so
     the frozen old posterior is a genuine one; then steps move the hyperparameters."""
@@ -629,7 +617,7 @@ def test_fit_with_inducing_points_at_the_data_is_the_exact_gp_fit():
     fit_gpytorch_mll(ExactMarginalLogLikelihood(exact.likelihood, exact))
     model = OnlineSVGP(X, Y, inducing_points=X, learn_inducing_points=False, outcome_transform=None)
     _fit(model)
-    assert rel_err(_hyperparameters(model), _hyperparameters(exact)) < 1e-3
+    assert rel_err(hyperparameter_vector(model), hyperparameter_vector(exact)) < 1e-3
     X_test = torch.linspace(0, 1, 50, dtype=DT).unsqueeze(-1)
     with torch.no_grad():
         p, ref = model.posterior(X_test), exact.posterior(X_test)
@@ -676,9 +664,9 @@ def test_fit_without_a_maximiser_in_q_warns_and_takes_first_order_steps():
         model.optimal_variational_parameters()
     model.train()
     loss_before = model.streaming_loss(*model.last_batch).item()
-    hyperparameters = _hyperparameters(model)
+    hyperparameters = hyperparameter_vector(model)
     with pytest.warns(RuntimeWarning, match="no maximiser"):
         _fit(model)
     model.train()
     assert model.streaming_loss(*model.last_batch).item() < loss_before
-    assert not torch.equal(_hyperparameters(model), hyperparameters)
+    assert not torch.equal(hyperparameter_vector(model), hyperparameters)

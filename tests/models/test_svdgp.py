@@ -22,7 +22,7 @@ from gpytorch.means import ConstantMean, ZeroMean
 from gpytorch.mlls import ExactMarginalLogLikelihood, VariationalELBO
 from gpytorch.models import ApproximateGP
 from gpytorch.variational import CholeskyVariationalDistribution, UnwhitenedVariationalStrategy
-from oracles import rel_err
+from oracles import hyperparameter_vector, rel_err
 from oracles.svdgp import svgp_elbo, svgp_parameters_from_decoupled
 
 from streamgp.linalg.decoupled import (
@@ -647,18 +647,6 @@ def test_constant_is_learned_by_observe_steps_and_fit_gpytorch_mll():
 
 
 # ---------------------------------------------- fit_gpytorch_mll: the collapsed bound
-def _hyperparameters(model) -> torch.Tensor:
-    kernel = model.covar_module
-    return torch.cat(
-        [
-            kernel.base_kernel.lengthscale.reshape(-1),
-            kernel.outputscale.reshape(-1),
-            model.likelihood.noise.reshape(-1),
-            model.mean_module.constant.reshape(-1),
-        ]
-    ).detach()
-
-
 def test_fit_with_bases_at_the_data_is_the_exact_gp_fit():
     """Both bases at the data: the collapsed decoupled bound is the exact log marginal
     likelihood, so fit_gpytorch_mll finds the exact GP's hyperparameters and posterior."""
@@ -676,7 +664,7 @@ def test_fit_with_bases_at_the_data_is_the_exact_gp_fit():
         X, Y, mean_basis=X, covar_basis=X, outcome_transform=None, num_init_steps=0
     )
     fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
-    assert rel_err(_hyperparameters(model), _hyperparameters(exact)) < 1e-6
+    assert rel_err(hyperparameter_vector(model), hyperparameter_vector(exact)) < 1e-6
     X_test = torch.linspace(0, 1, 50, dtype=DT).unsqueeze(-1)
     with torch.no_grad():
         p, ref = model.posterior(X_test), exact.posterior(X_test)

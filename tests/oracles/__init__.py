@@ -14,11 +14,18 @@ pytest puts ``tests/`` on the path (``pythonpath`` in ``pyproject.toml``), so te
 ``import oracles`` (or ``from oracles.sgpr import ...``).
 """
 
-from oracles.base import DenseOracle, gaussian_conditioning, rel_err, without_defaults
+from oracles.base import (
+    DenseOracle,
+    gaussian_conditioning,
+    hyperparameter_vector,
+    rel_err,
+    without_defaults,
+)
 from oracles.joint import JointGaussianOracle
 from oracles.ski import DenseSKIModel, copy_hyperparameters
 
 __all__ = [
+    "hyperparameter_vector",
     "DenseOracle",
     "DenseSKIModel",
     "JointGaussianOracle",

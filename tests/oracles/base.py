@@ -47,6 +47,19 @@ class DenseOracle(Model, FantasizeMixin):
         return posterior_transform(post) if posterior_transform is not None else post
 
 
+def hyperparameter_vector(model) -> Tensor:
+    """A scaled-kernel model's lengthscales, output scale, noise and constant mean, flat."""
+    kernel = model.covar_module
+    return torch.cat(
+        [
+            kernel.base_kernel.lengthscale.reshape(-1),
+            kernel.outputscale.reshape(-1),
+            model.likelihood.noise.reshape(-1),
+            model.mean_module.constant.reshape(-1),
+        ]
+    ).detach()
+
+
 def rel_err(a: Tensor, b: Tensor) -> float:
     """Max absolute error relative to the largest entry of the reference ``b``."""
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()

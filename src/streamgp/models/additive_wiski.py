@@ -67,8 +67,9 @@ from streamgp.interpolation.grid import (
 from streamgp.linalg.grid_kernel import GridKernelRoot, jittered_cholesky
 from streamgp.models.wiski import WiskiGP
 from streamgp.utils.validation import (
+    check_count,
+    check_grid_bounds,
     check_grid_model_data,
-    check_tensor,
     learns_input_coefficients,
 )
 
@@ -300,10 +301,7 @@ class AdditiveWiskiGP(WiskiGP):
         check_grid_model_data(train_X, train_Y, train_Yvar, likelihood)
         dim = train_X.shape[-1]
         checked = check_groups(groups, dim)
-        if grid_size is not None and (
-            isinstance(grid_size, bool) or not isinstance(grid_size, int) or grid_size < 4
-        ):
-            raise ValueError(f"grid_size must be an int >= 4 (per group axis), got {grid_size!r}.")
+        check_count(grid_size, "grid_size", minimum=4, allow_none=True)
         if covar_module is None:
             covar_module = additive_kernel(checked, like=train_X)
         elif not isinstance(covar_module, AdditiveKernel) or len(covar_module.kernels) != len(
@@ -314,12 +312,7 @@ class AdditiveWiskiGP(WiskiGP):
                 f"({len(checked)}), each on its group's dimensions (active_dims)."
             )
         if grid_bounds is not None:
-            check_tensor(grid_bounds, "grid_bounds", like=train_X, min_dim=2, last_dim=dim)
-            if grid_bounds.shape != (2, dim) or not bool((grid_bounds[1] > grid_bounds[0]).all()):
-                raise ValueError(
-                    f"grid_bounds must be 2 x {dim} with every upper bound above its lower "
-                    f"bound, got {grid_bounds.tolist()}."
-                )
+            check_grid_bounds(grid_bounds, train_X, dim)
         around_data = learns_input_coefficients(input_transform)
 
         def build_interpolation(X_t: Tensor, y: Tensor, noise: Tensor | None):

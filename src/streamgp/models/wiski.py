@@ -152,6 +152,7 @@ from streamgp.utils.validation import (
     check_choice,
     check_conditioning_data,
     check_count,
+    check_grid_bounds,
     check_grid_model_data,
     check_new_observations,
     check_tensor,
@@ -241,12 +242,7 @@ def build_grid(
         else:
             grid_bounds = torch.stack([torch.zeros(dim), torch.ones(dim)]).to(**tkwargs)
     else:
-        check_tensor(grid_bounds, "grid_bounds", like=train_X, min_dim=2, last_dim=dim)
-        if grid_bounds.shape != (2, dim) or not bool((grid_bounds[1] > grid_bounds[0]).all()):
-            raise ValueError(
-                f"grid_bounds must be 2 x {dim} with every upper bound above its lower bound, "
-                f"got {grid_bounds.tolist()}."
-            )
+        check_grid_bounds(grid_bounds, train_X, dim)
         if follow_data:
             grown = grown_grid_bounds(grid_bounds, transformed_X.detach())
             grid_bounds = grid_bounds if grown is None else grown
@@ -505,7 +501,7 @@ class WiskiGP(
                 follow_data=self.observations is not None,
                 around_data=learns_input_coefficients(input_transform),
             )
-            self._check_structured_outputs()
+            self._check_dense_for_outputs(self.interpolation, self.structured)
             if data_space_limit is None:
                 data_space_limit = self.DATA_SPACE_LIMIT
             if data_space_limit is None:
@@ -543,12 +539,14 @@ class WiskiGP(
         # Large data sets are absorbed in chunks to bound memory.
         return self._grid_statistics(interpolation, X_t, y, noise, sparse=structured)
 
-    def _check_structured_outputs(self) -> None:
-        if self.structured and self._num_outputs > 1:
+    def _check_dense_for_outputs(self, interpolation: Any, structured: bool) -> None:
+        r"""Refuse a grid too large for a dense root in a multi-output model (at
+        construction, a re-grid or a checkpoint's grid)."""
+        if structured and self._num_outputs > 1:
             raise ValueError(
                 f"train_Y has {self._num_outputs} columns; multi-output WiskiGP needs a dense "
                 f"grid (at most MAX_DENSE_GRID = {self.MAX_DENSE_GRID} points, this one "
-                f"has {self.interpolation.num_grid}). Use a coarser grid_size."
+                f"has {interpolation.num_grid}). Use a coarser grid_size."
             )
 
     def _grid_statistics(
@@ -771,9 +769,8 @@ class WiskiGP(
         }
 
     def _set_stream_state(self, state: dict[str, Any]) -> None:
-        if state.get("keep_data", self.observations is not None) != (
-            self.observations is not None
-        ):  # the state_dict load has already refused it (kept observations or not)
+        keeps_data = self.observations is not None
+        if bool(state.get("keep_data", keeps_data)) != keeps_data:
             raise ValueError("checkpoint: keep_data differs from this model's.")
         if "grid_size" in state:
             size = state["grid_size"]
@@ -793,8 +790,7 @@ class WiskiGP(
                 f"{current_size.tolist()}."
             )
         interpolation, structured = self._grid_from_state(bounds, size)
-        if structured and self._num_outputs > 1:
-            raise ValueError(f"its grid of {interpolation.num_grid} points is too large.")
+        self._check_dense_for_outputs(interpolation, structured)
         self.interpolation, self.structured = interpolation, structured
 
     def _load_from_state_dict(
@@ -1174,12 +1170,13 @@ class WiskiGP(
                 "observe is not available on a model conditioned on batched (fantasy) "
                 "observations; observe on the parent model instead."
             )
-        if self.observations is not None and not skip_value_checks.on():
+        if self.observations is None:
+            self.interpolation.check_inside(X_t, "X")
+        elif not skip_value_checks.on():  # the same test as check_inside: one host read
             bounds = grown_grid_bounds(self.interpolation.bounds, X_t.detach())
             if bounds is not None:
                 self._regrid(bounds, X, Y, Yvar)
                 return self
-        self.interpolation.check_inside(X_t, "X")
         if len(X) == 0:
             return self
         self._observe_on_grid(X_t, Y_t, Yvar_t)
@@ -1224,12 +1221,7 @@ class WiskiGP(
         Yvar_all = None if Yvar is None else torch.cat([store.Yvar, Yvar])
         X_t, Y_t, Yvar_t = self._transform_new_data(X_all, Y_all, Yvar_all)
         interpolation, structured = self._regridded_interpolation(bounds, X_all, X_t)
-        if structured and self._num_outputs > 1:
-            raise ValueError(
-                f"X: re-gridding to cover it would need {interpolation.num_grid} > "
-                f"MAX_DENSE_GRID = {self.MAX_DENSE_GRID} grid points, which multi-output "
-                "WiskiGP does not support. Pass a coarser grid_size."
-            )
+        self._check_dense_for_outputs(interpolation, structured)
         noise = None if Yvar_t is None else self._shared_noise(Yvar_t, "Yvar")
         with torch.no_grad():
             statistics = self._statistics_of(

@@ -98,6 +98,18 @@ def check_targets(
     return Y
 
 
+def check_grid_bounds(grid_bounds: object, like: Tensor, dim: int) -> Tensor:
+    r"""Check a grid box: a ``2 x dim`` tensor like ``like`` with every upper bound above
+    its lower bound (checked before a box is grown, which would hide a degenerate one)."""
+    check_tensor(grid_bounds, "grid_bounds", like=like, min_dim=2, last_dim=dim)
+    if grid_bounds.shape != (2, dim) or not bool((grid_bounds[1] > grid_bounds[0]).all()):
+        raise ValueError(
+            f"grid_bounds must be 2 x {dim} with every upper bound above its lower bound, "
+            f"got {grid_bounds.tolist()}."
+        )
+    return grid_bounds
+
+
 def learns_input_coefficients(input_transform: object | None) -> bool:
     r"""Whether ``input_transform`` (or a part of a chain) learns its coefficients from
     the data it first sees: BoTorch's ``Normalize(d)`` without ``bounds``,
