@@ -198,7 +198,66 @@ class GridExtrapolationWarning(UserWarning):
 EXTRAPOLATION_POLICIES = ("nearest", "error")
 
 
-class CubicGridInterpolation:
+class GridBox:
+    r"""The box a grid interpolation covers, and what it does with points outside.
+
+    Shared by every grid interpolation (:class:`CubicGridInterpolation`, the additive
+    model's one grid per group of dimensions): a subclass sets ``bounds`` (``2 x d``).
+    """
+
+    bounds: Tensor
+    #: Relative tolerance on the bounds, so that round-off from input transforms
+    #: (e.g. ``Normalize``) does not reject points that are on the boundary.
+    BOUNDS_RTOL = 1e-6
+
+    def check_inside(self, X: Tensor, name: str = "X") -> None:
+        r"""Raise ``ValueError`` naming ``name`` if any row of ``X`` lies outside the bounds.
+
+        Inside :class:`~streamgp.settings.skip_value_checks` nothing is checked (the
+        weights clamp points onto the box)."""
+        if skip_value_checks.on():
+            return
+        lo, hi = self.bounds[0], self.bounds[1]
+        tol = self.BOUNDS_RTOL * (hi - lo)
+        outside = (X < lo - tol) | (X > hi + tol)
+        if outside.any():
+            flat = X.reshape(-1, X.shape[-1])
+            dims = outside.reshape(-1, X.shape[-1]).any(0).nonzero().flatten().tolist()
+            raise ValueError(
+                f"{name} has points outside grid_bounds in dimension(s) {dims} "
+                f"(bounds {self.bounds.tolist()}; observed min {flat.min(0).values.tolist()}, "
+                f"max {flat.max(0).values.tolist()}). Normalize inputs "
+                "into grid_bounds or build the model with wider grid_bounds."
+            )
+
+    def prediction_inputs(self, X: Tensor, extrapolation: str, name: str = "X") -> Tensor:
+        r"""Points at which a grid model predicts, under its ``extrapolation`` policy.
+
+        The SKI kernel is defined only inside the grid, but BoTorch evaluates posteriors
+        outside the search box too (qLogNEI with constraints and no feasible point yet
+        estimates an infeasible cost from points 10% beyond the data's box). With
+        ``"nearest"`` such points are predicted at the nearest point of the box
+        (constant extrapolation) and a warning says so; with ``"error"`` they raise.
+        Observations are always required inside the box.
+        """
+        if extrapolation == "error":
+            self.check_inside(X, name)
+            return X
+        lo, hi = self.bounds[0], self.bounds[1]
+        tol = self.BOUNDS_RTOL * (hi - lo)
+        if not skip_value_checks.on() and ((X < lo - tol) | (X > hi + tol)).any():
+            warnings.warn(
+                f"{name} has points outside grid_bounds; they are predicted at the nearest "
+                "point of the grid box (constant extrapolation). Pass extrapolation='error' "
+                "to the model to refuse them instead.",
+                GridExtrapolationWarning,
+                stacklevel=3,
+            )
+            return torch.minimum(torch.maximum(X, lo), hi)
+        return X
+
+
+class CubicGridInterpolation(GridBox):
     r"""A fixed regular grid over a box and cubic interpolation onto it.
 
     The grid has ``grid_size[i]`` points in dimension ``i``, spanning the bounds
@@ -220,10 +279,6 @@ class CubicGridInterpolation:
 
     #: Neighbour offsets relative to the left neighbour of a point, per dimension.
     _NEIGHBOURS = torch.tensor([-1.0, 0.0, 1.0, 2.0])
-
-    #: Relative tolerance on the bounds, so that round-off from input transforms
-    #: (e.g. ``Normalize``) does not reject points that are on the boundary.
-    BOUNDS_RTOL = 1e-6
 
     def __init__(self, bounds: Tensor, grid_size: int | Sequence[int]) -> None:
         if bounds.ndim != 2 or bounds.shape[0] != 2:
@@ -273,52 +328,6 @@ class CubicGridInterpolation:
         if self.dim == 1:
             return self.grid[0].unsqueeze(-1)
         return torch.cartesian_prod(*self.grid)
-
-    def check_inside(self, X: Tensor, name: str = "X") -> None:
-        r"""Raise ``ValueError`` naming ``name`` if any row of ``X`` lies outside the bounds.
-
-        Inside :class:`~streamgp.settings.skip_value_checks` nothing is checked (the
-        weights clamp points onto the box)."""
-        if skip_value_checks.on():
-            return
-        lo, hi = self.bounds[0], self.bounds[1]
-        tol = self.BOUNDS_RTOL * (hi - lo)
-        outside = (X < lo - tol) | (X > hi + tol)
-        if outside.any():
-            flat = X.reshape(-1, X.shape[-1])
-            dims = outside.reshape(-1, X.shape[-1]).any(0).nonzero().flatten().tolist()
-            raise ValueError(
-                f"{name} has points outside grid_bounds in dimension(s) {dims} "
-                f"(bounds {self.bounds.tolist()}; observed min {flat.min(0).values.tolist()}, "
-                f"max {flat.max(0).values.tolist()}). Normalize inputs "
-                "into grid_bounds or build the model with wider grid_bounds."
-            )
-
-    def prediction_inputs(self, X: Tensor, extrapolation: str, name: str = "X") -> Tensor:
-        r"""Points at which a grid model predicts, under its ``extrapolation`` policy.
-
-        The SKI kernel is defined only inside the grid, but BoTorch evaluates posteriors
-        outside the search box too (qLogNEI with constraints and no feasible point yet
-        estimates an infeasible cost from points 10% beyond the data's box). With
-        ``"nearest"`` such points are predicted at the nearest point of the box
-        (constant extrapolation) and a warning says so; with ``"error"`` they raise.
-        Observations are always required inside the box.
-        """
-        if extrapolation == "error":
-            self.check_inside(X, name)
-            return X
-        lo, hi = self.bounds[0], self.bounds[1]
-        tol = self.BOUNDS_RTOL * (hi - lo)
-        if not skip_value_checks.on() and ((X < lo - tol) | (X > hi + tol)).any():
-            warnings.warn(
-                f"{name} has points outside grid_bounds; they are predicted at the nearest "
-                "point of the grid box (constant extrapolation). Pass extrapolation='error' "
-                "to the model to refuse them instead.",
-                GridExtrapolationWarning,
-                stacklevel=3,
-            )
-            return torch.minimum(torch.maximum(X, lo), hi)
-        return X
 
     def weights(self, X: Tensor) -> InterpolationWeights:
         r"""Interpolation weights of ``batch_shape x N x d`` points (assumed inside bounds).
@@ -419,7 +428,9 @@ def data_grid_bounds(X: Tensor, around_data: bool) -> Tensor:
     return torch.stack([lower - margin, upper + margin])
 
 
-def grown_grid_bounds(bounds: Tensor, X: Tensor, rtol: float = 1e-6) -> Tensor | None:
+def grown_grid_bounds(
+    bounds: Tensor, X: Tensor, rtol: float = GridBox.BOUNDS_RTOL
+) -> Tensor | None:
     r"""A larger grid box that covers ``X`` (``... x d``), or None if ``bounds`` does.
 
     Each side that a point passes (by more than ``rtol`` of the extent, the tolerance of

@@ -60,6 +60,7 @@ from torch import Tensor
 
 from streamgp.interpolation.grid import (
     CubicGridInterpolation,
+    GridBox,
     InterpolationWeights,
     data_grid_bounds,
     grown_grid_bounds,
@@ -124,7 +125,7 @@ def check_groups(groups: object, dim: int) -> list[list[int]]:
     return checked
 
 
-class AdditiveGridInterpolation:
+class AdditiveGridInterpolation(GridBox):
     r"""Cubic interpolation onto one small grid per group, rows concatenated.
 
     Row ``w(x) = [w_1(x_{S_1}), ..., w_G(x_{S_G})] / G`` (so rows sum to one), with
@@ -143,11 +144,6 @@ class AdditiveGridInterpolation:
         >>> interp.num_grid, interp.weights(torch.rand(5, 4, dtype=torch.float64)).indices.shape
         (120, torch.Size([5, 24]))
     """
-
-    BOUNDS_RTOL = CubicGridInterpolation.BOUNDS_RTOL
-    # Both read only ``bounds``: the box is checked as WISKI's is.
-    check_inside = CubicGridInterpolation.check_inside
-    prediction_inputs = CubicGridInterpolation.prediction_inputs
 
     def __init__(
         self, bounds: Tensor, groups: list[list[int]], grid_size: int | list[int] | None
