@@ -79,44 +79,59 @@ def build(n: int, limit: int | None, num_outputs: int, **tkwargs) -> WiskiGP:
     return model
 
 
-def stream_steps(model: WiskiGP, steps: int = 4) -> list[torch.Tensor]:
-    r"""observe (q = 1, 2 and 7), a batched fantasy posterior, means, variances and the MLL
-    value + gradient; returns what was computed."""
+def stream_inputs(model: WiskiGP, steps: int = 4) -> dict:
+    r"""The inputs of :func:`stream_steps`, drawn in float64 on the host and moved to the
+    model's device and dtype here, before any check of synchronisation starts (a copy
+    from the host synchronises)."""
     tkwargs = {
         "dtype": model.interpolation.bounds.dtype,
         "device": model.interpolation.bounds.device,
     }
-    bounds = BOUNDS.to(**tkwargs)
     k = model.num_outputs
     generator = torch.Generator().manual_seed(1)
 
     def points(*shape):
-        U = torch.rand(*shape, 2, generator=generator, dtype=torch.float64).to(**tkwargs)
-        return bounds[0] + (bounds[1] - bounds[0]) * U
+        U = torch.rand(*shape, 2, generator=generator, dtype=torch.float64)
+        return (BOUNDS[0].double() + (BOUNDS[1] - BOUNDS[0]).double() * U).to(**tkwargs)
 
-    test_X = points(16)
-    out = []
+    inputs = {"test_X": points(16), "steps": []}
     for step in range(steps):
         X_new = points((1, 2, 7)[step % 3])
-        model.observe(X_new, torch.sin(X_new[..., :k] * 2))
-        posterior = model.posterior(test_X)
-        out += [posterior.mean, posterior.distribution.lazy_covariance_matrix.diagonal()]
+        fantasy_X = points(4, 3)
         fantasy_Y = torch.randn(4, 3, k, generator=generator, dtype=torch.float64).to(**tkwargs)
-        fantasy = model.condition_on_observations(points(4, 3), fantasy_Y)
-        out.append(fantasy.posterior(points(4, 5)).mean)
+        step_inputs = (X_new, torch.sin(X_new[..., :k] * 2), fantasy_X, fantasy_Y, points(4, 5))
+        inputs["steps"].append(step_inputs)
+    return inputs
+
+
+def stream_steps(model: WiskiGP, inputs: dict) -> list[torch.Tensor]:
+    r"""observe (q = 1, 2 and 7), a batched fantasy posterior, means, variances and the MLL
+    value + gradient, on :func:`stream_inputs`; returns what was computed."""
+    out = []
+    for X_new, Y_new, fantasy_X, fantasy_Y, fantasy_test_X in inputs["steps"]:
+        model.observe(X_new, Y_new)
+        posterior = model.posterior(inputs["test_X"])
+        out += [posterior.mean, posterior.distribution.lazy_covariance_matrix.diagonal()]
+        fantasy = model.condition_on_observations(fantasy_X, fantasy_Y)
+        out.append(fantasy.posterior(fantasy_test_X).mean)
     value, _ = model.fit_objective()
     (grad,) = torch.autograd.grad(value, model.covar_module.raw_lengthscale)
     return [*out, value.detach(), grad]
 
 
+def run_stream_steps(model: WiskiGP, steps: int = 4) -> list[torch.Tensor]:
+    return stream_steps(model, stream_inputs(model, steps))
+
+
 @pytest.mark.parametrize("num_outputs", [1, 2], ids=["one output", "two outputs"])
 @pytest.mark.parametrize("n, limit", [(30, None), (200, 0)], ids=["data space", "grid space"])
 def test_hot_paths_read_nothing_on_the_host_and_give_the_checked_results(n, limit, num_outputs):
-    checked = stream_steps(build(n, limit, num_outputs, dtype=torch.float64))
+    checked = run_stream_steps(build(n, limit, num_outputs, dtype=torch.float64))
     model = build(n, limit, num_outputs, dtype=torch.float64)
     model.posterior(BOUNDS.to(torch.float64))  # the first factorisation, outside the check
+    inputs = stream_inputs(model)
     with skip_value_checks(), no_host_reads():
-        unchecked = stream_steps(model)
+        unchecked = stream_steps(model, inputs)
     assert len(unchecked) == len(checked)
     for a, b in zip(unchecked, checked, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
@@ -125,7 +140,7 @@ def test_hot_paths_read_nothing_on_the_host_and_give_the_checked_results(n, limi
 def test_the_probe_catches_a_host_read():
     model = build(30, None, 1, dtype=torch.float64)
     with no_host_reads(), pytest.raises(HostRead):  # value checks are on
-        stream_steps(model, steps=1)
+        run_stream_steps(model, steps=1)
 
 
 def test_skipped_checks_follow_gpytorchs_cache_convention():
@@ -149,14 +164,15 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("n, limit", [(30, None), (200, 0)], ids=["data space", "grid space"])
 def test_cuda_hot_paths_do_not_synchronise_and_agree_with_cpu(n, limit, dtype):
-    expected = stream_steps(build(n, limit, 1, dtype=torch.float64))
+    expected = run_stream_steps(build(n, limit, 1, dtype=torch.float64))
     model = build(n, limit, 1, dtype=dtype, device="cuda")
     model.posterior(BOUNDS.to(dtype=dtype, device="cuda"))
+    inputs = stream_inputs(model)  # host-to-device copies synchronise: before the check
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         with skip_value_checks():
-            computed = stream_steps(model)
+            computed = stream_steps(model, inputs)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     tolerance = 1e-8 if dtype == torch.float64 else 1e-2

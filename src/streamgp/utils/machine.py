@@ -50,9 +50,23 @@ def machine_info(device: str | torch.device = "cpu", **extra: Any) -> dict[str, 
     return info
 
 
+def synchronize() -> None:
+    r"""Wait for the work queued on the CUDA devices, if CUDA is in use (else nothing).
+
+    CUDA runs kernels asynchronously: a timer read without this measures the launches,
+    not the work.
+
+    Example:
+        >>> synchronize()  # on a CPU-only machine: nothing to wait for
+    """
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def median_seconds(fn: Callable[[], Any], repeats: int = 3, warmup: bool = False) -> float:
     r"""Median wall-clock seconds of ``repeats`` calls of ``fn`` (after one untimed call
-    with ``warmup``); the median, because shared machines have noisy tails.
+    with ``warmup``); the median, because shared machines have noisy tails. Each call is
+    timed to the end of its device work (:func:`synchronize`).
 
     Example:
         >>> median_seconds(lambda: sum(range(1000)), repeats=3) >= 0.0
@@ -62,7 +76,9 @@ def median_seconds(fn: Callable[[], Any], repeats: int = 3, warmup: bool = False
         fn()
     times = []
     for _ in range(repeats):
+        synchronize()
         start = time.perf_counter()
         fn()
+        synchronize()
         times.append(time.perf_counter() - start)
     return statistics.median(times)

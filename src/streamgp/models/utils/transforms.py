@@ -75,7 +75,7 @@ def fit_frozen_transforms(
         input_transform.to(**tkwargs)
         with torch.no_grad():
             train_X = input_transform(train_X) if len(train_X) else train_X
-        input_transform.eval()
+        input_transform.to(**tkwargs).eval()
         model.input_transform = input_transform
     outcome_transform = outcome_transform_or_default(outcome_transform, train_Y)
     if outcome_transform is not None:
@@ -83,7 +83,9 @@ def fit_frozen_transforms(
         if len(train_Y):
             outcome_transform.train()
             train_Y, train_Yvar = outcome_transform(train_Y, train_Yvar, X=train_X)
-        outcome_transform.eval()
+        # Fitting replaces buffers (BoTorch's ``_is_trained`` flag is made on the CPU);
+        # the fitted transform moves with the data, as SingleTaskGP's ``self.to(train_X)``.
+        outcome_transform.to(**tkwargs).eval()
         model.outcome_transform = outcome_transform
     return train_X, train_Y, train_Yvar
 
