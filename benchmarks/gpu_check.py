@@ -8,7 +8,7 @@ time limit keeps what it finished; one that fails records its error and the next
    and 32^3 points at n = 10^3 ... 10^6, float32 and float64: the build, and per step of
    ``hot_path_ops.STEPS`` (posterior; condition + predict; observe + predict) the median
    synchronised time, with the kernel launches, host synchronisations and memory copies
-   of one call (torch.profiler); the exact GP (``SingleTaskGP``) beside it;
+   per call, averaged over 12 calls (torch.profiler); the exact GP (``SingleTaskGP``) beside it;
    ``hot_paths``: the same counts on a 16^3 grid at n = 10^5 with and without
    ``skip_value_checks`` (``hot_path_ops.measure``);
 3. ``mll``: the marginal likelihood's value + gradient (``WoodburyMarginalLogLikelihood``,
@@ -63,6 +63,8 @@ from streamgp.utils.machine import machine_info, synchronize
 
 REPO = Path(__file__).resolve().parents[1]
 D = 3
+#: Calls whose operations are counted together (see :func:`_time_steps`).
+COUNTED_CALLS = 12
 
 
 def median_ms(fn: Callable[[], object], repeats: int) -> float:
@@ -156,16 +158,20 @@ def _time_steps(model, steps: list[str], tkwargs: dict, repeats: int) -> dict:
 
         with torch.no_grad():
             row[f"{name} ms"] = median_ms(call, repeats)
-            counts = op_counts(call, device)
-        row.update({f"{name} {key}": value for key, value in counts.items()})
+            # Per call, averaged over COUNTED_CALLS: observe folds its held rows into the
+            # statistics every FOLD_RANK rows, so one call alone may or may not hold a fold.
+            counts = op_counts(lambda call=call: [call() for _ in range(COUNTED_CALLS)], device)
+        row.update({f"{name} {key}": value / COUNTED_CALLS for key, value in counts.items()})
     return row
 
 
 def update_scaling(args, tkwargs, report) -> list[dict]:
     rows = []
     dtypes = ["float32", "float64"]
-    grids = [10, 16] if args.quick else [10, 16, 32]
-    sizes = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000, 1_000_000]
+    grids = [int(g) for g in args.grids.split(",")]
+    sizes = [int(n) for n in args.sizes.split(",")]
+    if args.quick:
+        grids, sizes = [g for g in grids if g <= 16], [n for n in sizes if n <= 10_000]
     for dtype in dtypes:
         tk = {**tkwargs, "dtype": getattr(torch, dtype)}
         for grid in grids:
@@ -475,6 +481,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes (a dry run)")
     parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated")
     parser.add_argument("--repeats", type=int, default=20, help="timed calls per step")
+    parser.add_argument("--grids", default="10,16,32", help="update_scaling's grid sizes")
+    parser.add_argument(
+        "--sizes", default="1000,10000,100000,1000000", help="update_scaling's n values"
+    )
     parser.add_argument("--mll-repeats", type=int, default=5)
     parser.add_argument("--levy-steps", type=int, default=60)
     parser.add_argument("--test-workers", type=int, default=4)
