@@ -95,6 +95,8 @@ def run_tests(args, tkwargs) -> dict:
             "no:cacheprovider",
             "tests/test_cuda.py",
             "tests/test_device_sync.py",
+            "-rf",
+            "--tb=short",
             f"--junitxml={junit}",
         ]
         try:
@@ -108,6 +110,7 @@ def run_tests(args, tkwargs) -> dict:
             command, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.test_timeout
         )
         suite = ElementTree.parse(junit).getroot()
+    (args.out / "pytest.log").write_text(completed.stdout[-500_000:] + completed.stderr[-50_000:])
     cases = list(suite.iter("testcase"))
     failed = {}
     for case in cases:

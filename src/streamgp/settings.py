@@ -19,6 +19,16 @@ What changes inside it:
   ``fit_gpytorch_mll`` does). A hyperparameter set by assignment while the model is in
   eval mode is therefore not seen until ``model.train()`` is called.
 
+Outside it the checks still run, but a :class:`~streamgp.WiskiGP`'s hot paths read them
+from the device *together*, once per call (:func:`deferred_value_checks`): the input
+checks, the hyperparameter comparison and the noise check of ``posterior``,
+``condition_on_observations`` and ``observe`` are gathered into one boolean vector and
+copied to the host in one read, before anything is computed from them. A Cholesky
+factorisation after that read is not checked there: its failure flag stays on the device
+and is read with the model's next call, which then rebuilds the factors from the exact
+statistics with checked factorisations (or raises), so no result computed from a failed
+factor is ever returned without an error.
+
 Example:
     >>> import torch
     >>> from streamgp import WiskiGP
@@ -32,12 +42,164 @@ Example:
 
 from __future__ import annotations
 
-from gpytorch.settings import _feature_flag
+import contextlib
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 
-__all__ = ["skip_value_checks"]
+import torch
+from gpytorch.settings import _feature_flag
+from torch import Tensor
+
+__all__ = [
+    "ValueChecks",
+    "active_value_checks",
+    "deferred_value_checks",
+    "immediate_value_checks",
+    "skip_value_checks",
+    "value_check",
+]
 
 
 class skip_value_checks(_feature_flag):  # noqa: N801 (gpytorch's settings style)
     r"""Skip the value checks that synchronise a GPU with the host (see the module)."""
 
     _default = False
+
+
+class ValueChecks:
+    r"""The value checks of one call, read from the device together (one host read).
+
+    Made by :func:`deferred_value_checks`. Checks are tensors that are ``True`` where
+    something is wrong, with what to do then: raise an error (:meth:`require`), warn
+    (:meth:`warn`), or run a host decision (:meth:`decide`, e.g. rebuild a stale cache).
+    :meth:`read` copies them all to the host with one ``tolist`` and acts in order of
+    registration: the first failed ``require`` raises. Factorisations run after the read
+    record their failure flags here (:meth:`record_failure`) instead of reading them.
+    """
+
+    def __init__(self) -> None:
+        self._flags: list[Tensor] = []
+        self._actions: list[tuple[str, Callable]] = []
+        self.read_done = False
+        #: Whether factorisations record their failure (:meth:`record_failure`) instead
+        #: of reading it; set by a model whose next call reads what was recorded.
+        self.defer_factorisations = False
+        self.failures: list[Tensor] = []
+
+    def require(self, failed: Tensor, error: Callable[[], Exception]) -> None:
+        r"""Raise ``error()`` at the read if ``failed`` (a boolean tensor) is True."""
+        self._add(failed, "require", error)
+
+    def warn(self, failed: Tensor, warn: Callable[[], None]) -> None:
+        r"""Call ``warn()`` at the read if ``failed`` is True."""
+        self._add(failed, "warn", warn)
+
+    def decide(self, flag: Tensor, then: Callable[[bool], None]) -> None:
+        r"""Call ``then(bool(flag))`` at the read (after every ``require`` passed)."""
+        self._add(flag, "decide", then)
+
+    def record_failure(self, failed: Tensor) -> None:
+        r"""Keep a factorisation's failure flag on the device (see the module)."""
+        self.failures.append(failed.reshape(-1).any())
+
+    def failure_flag(self) -> Tensor | None:
+        r"""The recorded failures as one boolean tensor, or None."""
+        if not self.failures:
+            return None
+        return torch.stack(self.failures).any()
+
+    def _add(self, flag: Tensor, kind: str, action: Callable) -> None:
+        if self.read_done:  # after the read: check now
+            self._act([(kind, action)], [bool(flag.any())])
+            return
+        self._flags.append(flag.reshape(-1).any())
+        self._actions.append((kind, action))
+
+    def read(self) -> None:
+        r"""Copy every check to the host at once and act on it (at most once)."""
+        if self.read_done:
+            return
+        self.read_done = True
+        values = torch.stack(self._flags).tolist() if self._flags else []
+        self._act(self._actions, values)
+
+    @staticmethod
+    def _act(actions: list[tuple[str, Callable]], values: list[bool]) -> None:
+        for (kind, action), value in zip(actions, values, strict=True):
+            if kind == "require" and value:
+                raise action()
+            if kind == "warn" and value:
+                action()
+        for (kind, action), value in zip(actions, values, strict=True):
+            if kind == "decide":
+                action(value)
+
+
+_ACTIVE: ContextVar[ValueChecks | None] = ContextVar("streamgp_value_checks", default=None)
+
+
+@contextlib.contextmanager
+def deferred_value_checks(join: bool = True) -> Iterator[ValueChecks]:
+    r"""Gather the value checks made inside into one read (:meth:`ValueChecks.read`).
+
+    With ``join``, inside an enclosing scope that has not read yet, the checks join it.
+    The read happens where the caller calls ``read()``, at the latest when the scope
+    ends without an error.
+
+    Example:
+        >>> X = torch.tensor([[0.5, float("nan")]])
+        >>> with deferred_value_checks() as checks:
+        ...     value_check(~torch.isfinite(X).all(), lambda: ValueError("X has NaN"))
+        ...     print("not read yet")
+        ...     checks.read()
+        Traceback (most recent call last):
+        ...
+        ValueError: X has NaN
+    """
+    outer = _ACTIVE.get()
+    if join and outer is not None and not outer.read_done:
+        yield outer
+        return
+    checks = ValueChecks()
+    token = _ACTIVE.set(checks)
+    try:
+        yield checks
+        checks.read()
+    finally:
+        _ACTIVE.reset(token)
+    failed = checks.failure_flag()  # recorded and not taken over by a model: read now
+    if failed is not None and bool(failed):
+        raise torch.linalg.LinAlgError(
+            "A Cholesky factorisation failed: the matrix is not positive definite."
+        )
+
+
+@contextlib.contextmanager
+def immediate_value_checks() -> Iterator[None]:
+    r"""Check values where they are made (each check its own host read), inside a
+    :func:`deferred_value_checks` scope: for the rare paths (a rebuild of every factor)
+    whose failures must raise before anything is returned."""
+    token = _ACTIVE.set(None)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def active_value_checks() -> ValueChecks | None:
+    r"""The innermost :func:`deferred_value_checks` scope, or None."""
+    return _ACTIVE.get()
+
+
+def value_check(failed: Tensor, error: Callable[[], Exception]) -> None:
+    r"""Raise ``error()`` if ``failed`` is True: at the enclosing scope's read, or now.
+
+    Nothing is checked inside :class:`skip_value_checks`.
+    """
+    if skip_value_checks.on():
+        return
+    checks = _ACTIVE.get()
+    if checks is not None:
+        checks.require(failed, error)
+    elif bool(failed.any()):
+        raise error()

@@ -24,7 +24,7 @@ from gpytorch.utils.grid import create_grid
 from gpytorch.utils.interpolation import Interpolation
 from torch import Tensor
 
-from streamgp.settings import skip_value_checks
+from streamgp.settings import active_value_checks, skip_value_checks, value_check
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,9 @@ class InterpolationWeights:
     indices: Tensor
     values: Tensor
     num_grid: int
+    #: Gathered elements (``N k p``) up to which :meth:`matmul` gathers instead of
+    #: multiplying a sparse matrix: 2^24, 128 MiB in float64.
+    GATHER_LIMIT = 2**24
     #: Optional per-axis 1-D weights whose row-wise Kronecker product is this ``W``
     #: (first axis slowest); kernels with Kronecker-factored roots use them to work
     #: with ``d`` small ``N x g_i`` products instead of one ``N x m`` product.
@@ -55,19 +58,29 @@ class InterpolationWeights:
         return self.indices.shape[-2]
 
     def matmul(self, rhs: Tensor) -> Tensor:
-        r"""``W @ rhs`` for a dense ``m x p`` matrix ``rhs`` shared by all batches.
+        r"""``W @ rhs`` for an ``m x p`` matrix ``rhs`` (or a batch of them).
 
-        Uses a sparse product, so memory is ``O(N p)`` rather than ``O(N k p)``. A
-        batched ``batch x m x p`` ``rhs`` (small ``p``) is gathered row by row instead.
+        Gathers the ``k`` rows of ``rhs`` each row of ``W`` touches and contracts them
+        with the weights in one batched product: a fixed number of kernels, no host
+        synchronisation (a sparse product coalesces its indices, which synchronises on
+        CUDA). That takes ``O(N k p)`` memory; above :attr:`GATHER_LIMIT` gathered
+        elements an unbatched ``rhs`` goes through a sparse product (``O(N p)``), as in
+        building a model from many points.
         """
         k = self.indices.shape[-1]
-        if rhs.dim() > 2:
+        p = rhs.shape[-1]
+        if rhs.dim() > 2 or self.indices.numel() * p <= self.GATHER_LIMIT:
             batch = torch.broadcast_shapes(self.batch_shape, rhs.shape[:-2])
-            p = rhs.shape[-1]
-            idx = self.indices.expand(*batch, self.num_rows, k).reshape(*batch, -1, 1)
-            rows = rhs.expand(*batch, *rhs.shape[-2:]).gather(-2, idx.expand(*idx.shape[:-1], p))
-            rows = rows.reshape(*batch, self.num_rows, k, p)
-            return (self.values.unsqueeze(-1).to(rhs.dtype) * rows).sum(-2)
+            if rhs.dim() == 2:  # one shared rhs: index its rows directly
+                rows = rhs[self.indices]
+            else:
+                idx = self.indices.expand(*batch, self.num_rows, k).reshape(*batch, -1, 1)
+                rows = rhs.expand(*batch, *rhs.shape[-2:]).gather(
+                    -2, idx.expand(*idx.shape[:-1], p)
+                )
+                rows = rows.reshape(*batch, self.num_rows, k, p)
+            values = self.values.to(rhs.dtype).unsqueeze(-2)
+            return (values @ rows).squeeze(-2)
         flat_idx = self.indices.reshape(-1, k)
         rows = torch.arange(flat_idx.shape[0], device=rhs.device).repeat_interleave(k)
         sparse = torch.sparse_coo_tensor(
@@ -77,7 +90,7 @@ class InterpolationWeights:
             check_invariants=False,
         )
         out = torch.sparse.mm(sparse, rhs)
-        return out.reshape(*self.batch_shape, self.num_rows, rhs.shape[-1])
+        return out.reshape(*self.batch_shape, self.num_rows, p)
 
     def cat(self, other: InterpolationWeights) -> InterpolationWeights:
         r"""Rows of ``self`` followed by the rows of ``other`` (batch dims broadcast)."""
@@ -217,18 +230,26 @@ class GridBox:
         weights clamp points onto the box)."""
         if skip_value_checks.on():
             return
-        lo, hi = self.bounds[0], self.bounds[1]
-        tol = self.BOUNDS_RTOL * (hi - lo)
-        outside = (X < lo - tol) | (X > hi + tol)
-        if outside.any():
+        outside = self.outside(X)
+
+        def error() -> ValueError:
             flat = X.reshape(-1, X.shape[-1])
             dims = outside.reshape(-1, X.shape[-1]).any(0).nonzero().flatten().tolist()
-            raise ValueError(
+            return ValueError(
                 f"{name} has points outside grid_bounds in dimension(s) {dims} "
                 f"(bounds {self.bounds.tolist()}; observed min {flat.min(0).values.tolist()}, "
                 f"max {flat.max(0).values.tolist()}). Normalize inputs "
                 "into grid_bounds or build the model with wider grid_bounds."
             )
+
+        value_check(outside.any(), error)
+
+    def outside(self, X: Tensor) -> Tensor:
+        r"""Where ``X`` lies outside the bounds by more than :attr:`BOUNDS_RTOL` (a boolean
+        tensor of ``X``'s shape, computed on the device)."""
+        lo, hi = self.bounds[0], self.bounds[1]
+        tol = self.BOUNDS_RTOL * (hi - lo)
+        return (X < lo - tol) | (X > hi + tol)
 
     def prediction_inputs(self, X: Tensor, extrapolation: str, name: str = "X") -> Tensor:
         r"""Points at which a grid model predicts, under its ``extrapolation`` policy.
@@ -243,18 +264,28 @@ class GridBox:
         if extrapolation == "error":
             self.check_inside(X, name)
             return X
-        lo, hi = self.bounds[0], self.bounds[1]
-        tol = self.BOUNDS_RTOL * (hi - lo)
-        if not skip_value_checks.on() and ((X < lo - tol) | (X > hi + tol)).any():
+        if skip_value_checks.on():  # the weights clamp points onto the box
+            return X
+
+        def warn() -> None:
             warnings.warn(
                 f"{name} has points outside grid_bounds; they are predicted at the nearest "
                 "point of the grid box (constant extrapolation). Pass extrapolation='error' "
                 "to the model to refuse them instead.",
                 GridExtrapolationWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
-            return torch.minimum(torch.maximum(X, lo), hi)
-        return X
+
+        outside = self.outside(X)
+        checks = active_value_checks()
+        if checks is not None:  # warned at the call's one read
+            checks.warn(outside.any(), warn)
+        elif bool(outside.any()):
+            warn()
+        # Only the points outside move (a selection on the device, no host decision);
+        # the others, and their gradients, stay exactly as they are.
+        lo, hi = self.bounds[0], self.bounds[1]
+        return torch.where(outside, torch.minimum(torch.maximum(X, lo), hi), X)
 
 
 class CubicGridInterpolation(GridBox):
@@ -278,7 +309,6 @@ class CubicGridInterpolation(GridBox):
     """
 
     #: Neighbour offsets relative to the left neighbour of a point, per dimension.
-    _NEIGHBOURS = torch.tensor([-1.0, 0.0, 1.0, 2.0])
 
     def __init__(self, bounds: Tensor, grid_size: int | Sequence[int]) -> None:
         if bounds.ndim != 2 or bounds.shape[0] != 2:
@@ -349,9 +379,11 @@ class CubicGridInterpolation(GridBox):
         base = torch.minimum(base, self._grid_sizes - 3)
         offset = position - base
         # Signed distances to the neighbours base - 1, base, base + 1, base + 2.
-        distances = offset.unsqueeze(-1) - self._NEIGHBOURS.to(offset)
+        # (made on the device: a copy of a host constant would synchronise on CUDA)
+        neighbours = torch.arange(-1, 3, dtype=offset.dtype, device=offset.device)
+        distances = offset.unsqueeze(-1) - neighbours
         per_dim_values = self._interpolation._cubic_interpolation_kernel(distances)
-        per_dim_indices = base.long().unsqueeze(-1) + self._NEIGHBOURS.to(base.device).long()
+        per_dim_indices = base.long().unsqueeze(-1) + neighbours.long()
         axes = tuple(
             InterpolationWeights(per_dim_indices[..., i, :], per_dim_values[..., i, :], g)
             for i, g in enumerate(self.grid_size)

@@ -357,7 +357,8 @@ class DataStatistics:
 
     @property
     def n(self) -> Tensor:
-        return torch.tensor(float(self.count), dtype=self.y.dtype, device=self.y.device)
+        # A fill on the device, not a copy from the host (which synchronises on CUDA).
+        return self.y.new_full((), float(self.count))
 
     @property
     def sum_noise(self) -> Tensor:

@@ -140,9 +140,12 @@ class _SparseVariationalGP(ApproximateGP):
     ) -> VariationalStrategy:
         tkwargs = {"dtype": inducing_points.dtype, "device": inducing_points.device}
         distribution = CholeskyVariationalDistribution(inducing_points.shape[-2]).to(**tkwargs)
-        return VariationalStrategy(
+        strategy = VariationalStrategy(
             self, inducing_points, distribution, learn_inducing_locations=learn, jitter_val=jitter
         )
+        # gpytorch makes its flags (``variational_params_initialized``, ``updated_strategy``)
+        # on the CPU; they go where the inducing points are.
+        return strategy.to(inducing_points.device)
 
     def set_variational_parameters(self, whitened_mean: Tensor, whitened_root: Tensor) -> None:
         r"""Set ``q(v) = N(whitened_mean, R R^T)`` (and stop gpytorch re-initialising it)."""

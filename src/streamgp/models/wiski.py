@@ -92,10 +92,11 @@ References:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -147,7 +148,13 @@ from streamgp.models.utils import (
     transform_new_data,
 )
 from streamgp.models.utils.observations import ObservationStore
-from streamgp.settings import skip_value_checks
+from streamgp.settings import (
+    ValueChecks,
+    deferred_value_checks,
+    immediate_value_checks,
+    skip_value_checks,
+    value_check,
+)
 from streamgp.utils.validation import (
     check_choice,
     check_conditioning_data,
@@ -386,8 +393,11 @@ class WiskiGP(
 
     data_state_prefixes = _DATA_KEY_PREFIXES
     #: Derived from the statistics on demand (conditioning replayed).
-    cached_attributes = ("_posterior", "_love_cache")
+    #: ``_pending_failure``: the failure flag (on the device) of the factorisations of the
+    #: last update, read with the next call (see :meth:`_checked_call`).
+    cached_attributes = ("_posterior", "_love_cache", "_pending_failure")
     _posterior: GridPosterior | DataPosterior | None
+    _pending_failure: Tensor | None
     #: (exact grid posterior it was derived from, tolerance, LOVE grid posterior)
     _love_cache: tuple[GridPosterior, float, GridPosterior] | None
     _correction: LowRankCorrection | DataCorrection | None
@@ -610,14 +620,16 @@ class WiskiGP(
         The outputs of a multi-output model share the Gram statistics, so each row must
         have one noise variance for all of them.
         """
-        checked = self._num_outputs > 1 and not skip_value_checks.on()
-        if checked and not torch.equal(Yvar, Yvar[..., :1].expand_as(Yvar)):
-            raise ValueError(
-                f"{name} differs between outputs (after the outcome transform): the "
-                f"outputs of a multi-output WiskiGP share one noise variance per row. Use a "
-                "ModelListGP of single-output models, or an outcome transform that scales "
-                "all outputs alike (outcome_transform=None: the default Standardize scales "
-                "each output by its own deviation)."
+        if self._num_outputs > 1:
+            value_check(
+                (Yvar != Yvar[..., :1]).any(),
+                lambda: ValueError(
+                    f"{name} differs between outputs (after the outcome transform): the "
+                    "outputs of a multi-output WiskiGP share one noise variance per row. Use "
+                    "a ModelListGP of single-output models, or an outcome transform that "
+                    "scales all outputs alike (outcome_transform=None: the default "
+                    "Standardize scales each output by its own deviation)."
+                ),
             )
         return Yvar[..., 0]
 
@@ -826,15 +838,59 @@ class WiskiGP(
     def noise_variance(self) -> Tensor:
         r"""The homoskedastic noise variance, or the mean fixed noise variance."""
         noise = self.likelihood.noise.reshape(())
-        if not skip_value_checks.on() and not noise > 0:
-            raise ValueError(
+        if not self._in_verified_call():  # a checked call read it already
+            self._check_noise(noise)
+        return noise
+
+    @staticmethod
+    def _check_noise(noise: Tensor) -> None:
+        value_check(
+            ~(noise > 0),
+            lambda: ValueError(
                 f"The likelihood's noise variance is {noise.item():.3g}, not positive. BoTorch's "
                 "default constraints have no transform (bounds are enforced by the optimizer), so "
                 "a plain torch optimizer can step out of them: use botorch.fit.fit_gpytorch_mll / "
                 "fit_gpytorch_mll_torch, or a likelihood with a transformed noise constraint "
                 "(e.g. gpytorch.likelihoods.GaussianLikelihood())."
-            )
-        return noise
+            ),
+        )
+
+    @contextlib.contextmanager
+    def _checked_call(self) -> Iterator[ValueChecks]:
+        r"""One public call (``posterior``, ``condition_on_observations``, ``observe``)
+        whose value checks are read from the device once (:mod:`streamgp.settings`).
+
+        Besides the checks of the arguments, the read holds the noise check, the
+        comparison of the hyperparameters with the caches' snapshot (stale caches are
+        dropped there) and the failure flag of the last update's factorisations, which
+        were not read when they ran: if it is set, every factor is rebuilt from the exact
+        statistics with checked factorisations (which raise if they fail too), so nothing
+        computed from a failed factor is returned. After :meth:`_read_checks` the call's
+        own incremental factorisations record their failure for the next call instead.
+        """
+        with deferred_value_checks(join=False) as checks, self._verified_call(checks):
+            self._check_noise(self.likelihood.noise.reshape(()))
+            pending = self._pending_failure
+            if pending is not None and not skip_value_checks.on():
+                checks.decide(pending, self._after_update_check)
+            yield checks
+
+    def _read_checks(self, checks: ValueChecks) -> None:
+        checks.read()
+        checks.defer_factorisations = True
+
+    def _after_update_check(self, failed: bool) -> None:
+        r"""Act on the last update's factorisation flag, read in this call."""
+        self._pending_failure = None
+        if failed:
+            self._invalidate()
+            self.exact_posterior()  # checked: raises if the factors cannot be rebuilt
+
+    def _take_failures(self, checks: ValueChecks) -> Tensor | None:
+        r"""This call's recorded factorisation failures, as one flag for the next call."""
+        failed = checks.failure_flag()
+        checks.failures.clear()
+        return failed
 
     def weighted_statistics(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         r"""Grid-space noise-weighted ``(A, b, c, n, sum(log noise))``; differentiable in the noise.
@@ -887,21 +943,26 @@ class WiskiGP(
         ``detach_test_caches``).
         """
         if not self._caches_valid():
-            statistics = self._statistics
-            if self._posterior_on_grid(statistics):
-                statistics = statistics.to_grid()
-            with torch.no_grad():
-                self._posterior = self._centered(statistics).posterior(
-                    self.kernel_root(), self.noise_variance, tol=self.love_tolerance
-                )
-                self._snapshot_hyperparameters()
-            # Replay conditioning (keeps gradients w.r.t. the conditioning inputs).
-            self._correction = None
-            for X_q, y_q, noise_q in self._conditioning_log:
-                self._correction = self._current_correction().condition(
-                    self._posterior, self._rows(X_q), self._residuals(y_q), noise_q
-                )
+            with immediate_value_checks():  # a rebuild raises where it fails
+                self._rebuild_posterior()
         return self._posterior
+
+    def _rebuild_posterior(self) -> None:
+        r"""Factorise the posterior from the statistics and replay the conditioning."""
+        statistics = self._statistics
+        if self._posterior_on_grid(statistics):
+            statistics = statistics.to_grid()
+        with torch.no_grad():
+            self._posterior = self._centered(statistics).posterior(
+                self.kernel_root(), self.noise_variance, tol=self.love_tolerance
+            )
+            self._snapshot_hyperparameters()
+        # Replay conditioning (keeps gradients w.r.t. the conditioning inputs).
+        self._correction = None
+        for X_q, y_q, noise_q in self._conditioning_log:
+            self._correction = self._current_correction().condition(
+                self._posterior, self._rows(X_q), self._residuals(y_q), noise_q
+            )
 
     #: Test-point evaluations expected per hyperparameter change (one BoTorch acquisition
     #: optimisation is ~10^4-10^5), used to choose where the posterior is kept.
@@ -1155,40 +1216,48 @@ class WiskiGP(
         Returns:
             The model itself. On invalid input, raises and leaves the model unchanged.
         """
-        check_new_observations(
-            X,
-            Y,
-            Yvar,
-            like=self.interpolation.bounds,
-            dim=self.interpolation.dim,
-            fixed_noise=self.fixed_noise,
-            num_outputs=self._num_outputs,
-        )
-        X_t, Y_t, Yvar_t = self._transform_new_data(X, Y, Yvar)
-        if self._conditioning_log and len(self.batch_shape) > 0 and len(X):
-            raise RuntimeError(
-                "observe is not available on a model conditioned on batched (fantasy) "
-                "observations; observe on the parent model instead."
+        with self._checked_call() as checks:  # one host read of the value checks
+            check_new_observations(
+                X,
+                Y,
+                Yvar,
+                like=self.interpolation.bounds,
+                dim=self.interpolation.dim,
+                fixed_noise=self.fixed_noise,
+                num_outputs=self._num_outputs,
             )
-        if self.observations is None:
-            self.interpolation.check_inside(X_t, "X")
-        elif not skip_value_checks.on():  # the same test as check_inside: one host read
-            bounds = grown_grid_bounds(self.interpolation.bounds, X_t.detach())
-            if bounds is not None:
-                self._regrid(bounds, X, Y, Yvar)
+            X_t, Y_t, Yvar_t = self._transform_new_data(X, Y, Yvar)
+            if self._conditioning_log and len(self.batch_shape) > 0 and len(X):
+                raise RuntimeError(
+                    "observe is not available on a model conditioned on batched (fantasy) "
+                    "observations; observe on the parent model instead."
+                )
+            outside = []  # set at the read: whether a kept-data model must re-grid
+            if self.observations is None:
+                self.interpolation.check_inside(X_t, "X")
+            elif not skip_value_checks.on() and len(X):
+                flag = self.interpolation.outside(X_t.detach()).any()
+                checks.decide(flag, outside.append)
+            noise = None if Yvar_t is None else self._shared_noise(Yvar_t, "Yvar")
+            self._read_checks(checks)
+            if outside and outside[0]:
+                with immediate_value_checks():
+                    bounds = grown_grid_bounds(self.interpolation.bounds, X_t.detach())
+                    self._regrid(bounds, X, Y, Yvar)
                 return self
-        if len(X) == 0:
-            return self
-        self._observe_on_grid(X_t, Y_t, Yvar_t)
+            if len(X) == 0:
+                return self
+            self._observe_on_grid(X_t, Y_t, noise)
+            self._pending_failure = self._take_failures(checks)
         if self.observations is not None:
             self.observations.append(X, Y, Yvar)
         return self
 
-    def _observe_on_grid(self, X_t: Tensor, Y_t: Tensor, Yvar_t: Tensor | None) -> None:
-        r"""Absorb transformed rows inside the grid (the update of :meth:`observe`)."""
+    def _observe_on_grid(self, X_t: Tensor, Y_t: Tensor, noise: Tensor | None) -> None:
+        r"""Absorb transformed rows inside the grid (the update of :meth:`observe`), with
+        their shared noise variances (``q``, fixed noise) or None."""
         weights = self.interpolation.weights(X_t)
         y = self._targets(Y_t)
-        noise = None if Yvar_t is None else self._shared_noise(Yvar_t, "Yvar")
         if self._can_defer(y.shape[-1]):
             self._defer(X_t.detach(), weights, y)
             return
@@ -1307,28 +1376,31 @@ class WiskiGP(
         Returns:
             A ``WiskiGP`` with batch shape ``sample_shape + broadcast(batch, model.batch)``.
         """
-        check_conditioning_data(
-            X,
-            Y,
-            noise,
-            like=self.interpolation.bounds,
-            dim=self.interpolation.dim,
-            num_outputs=self._num_outputs,
-        )
-        X_t, Y_t, _ = self._transform_new_data(X, Y)
-        self.interpolation.check_inside(X_t, "X")
-        if noise is not None and self._num_outputs > 1:
-            noise = self._shared_noise(noise, "noise").unsqueeze(-1)
-        posterior = self.exact_posterior()
-        y = self._targets(Y_t)
-        noise_q = self._row_noise(conditioning_noise(noise, self, X))
-        correction = self._current_correction().condition(
-            posterior, self._rows(X_t), self._residuals(y), noise_q
-        )
-        new = self._view()
-        new._correction = correction
-        new._conditioning_log = [*self._conditioning_log, (X_t, y, noise_q)]
-        new._log_from_observe = False
+        with self._checked_call() as checks:  # one host read of the value checks
+            check_conditioning_data(
+                X,
+                Y,
+                noise,
+                like=self.interpolation.bounds,
+                dim=self.interpolation.dim,
+                num_outputs=self._num_outputs,
+            )
+            X_t, Y_t, _ = self._transform_new_data(X, Y)
+            self.interpolation.check_inside(X_t, "X")
+            if noise is not None and self._num_outputs > 1:
+                noise = self._shared_noise(noise, "noise").unsqueeze(-1)
+            self._read_checks(checks)
+            posterior = self.exact_posterior()
+            y = self._targets(Y_t)
+            noise_q = self._row_noise(conditioning_noise(noise, self, X))
+            correction = self._current_correction().condition(
+                posterior, self._rows(X_t), self._residuals(y), noise_q
+            )
+            new = self._view()
+            new._correction = correction
+            new._conditioning_log = [*self._conditioning_log, (X_t, y, noise_q)]
+            new._log_from_observe = False
+            new._pending_failure = self._take_failures(checks)  # read with its first call
         return new
 
     def subset_output(self, idcs: list[int]) -> WiskiGP:

@@ -15,7 +15,7 @@ from gpytorch.kernels import Kernel
 from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
 from torch import Tensor
 
-from streamgp.settings import skip_value_checks
+from streamgp.settings import value_check
 
 
 def check_tensor(
@@ -55,17 +55,20 @@ def check_tensor(
         raise ValueError(
             f"{name} must have last dimension {last_dim}, got shape {tuple(value.shape)}."
         )
-    if not skip_value_checks.on() and not torch.isfinite(value).all():
-        raise ValueError(f"{name} contains NaN or Inf values.")
+    value_check(
+        ~torch.isfinite(value).all(), lambda: ValueError(f"{name} contains NaN or Inf values.")
+    )
     return value
 
 
 def check_positive(value: Tensor, name: str) -> Tensor:
     r"""Check that every entry of ``value`` is strictly positive."""
-    if not skip_value_checks.on() and not (value > 0).all():
-        raise ValueError(
+    value_check(
+        ~(value > 0).all(),
+        lambda: ValueError(
             f"{name} must be strictly positive (noise variances); got min {value.min().item():.3g}."
-        )
+        ),
+    )
     return value
 
 

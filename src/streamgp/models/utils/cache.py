@@ -15,7 +15,9 @@ buffers with it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import fields, is_dataclass, replace
 from typing import Any, ClassVar
 
@@ -23,7 +25,10 @@ import torch
 from torch import Tensor
 
 from streamgp.models.utils.views import correction_batch_shape
-from streamgp.settings import skip_value_checks
+from streamgp.settings import ValueChecks, skip_value_checks
+
+#: Ids of the models inside a :meth:`CachedPosteriorMixin._verified_call`.
+_VERIFIED: ContextVar[frozenset[int]] = ContextVar("streamgp_verified", default=frozenset())
 
 
 def parameter_snapshot(parameters: Iterable[Tensor]) -> list[Tensor]:
@@ -41,6 +46,20 @@ def parameters_unchanged(current: Sequence[Tensor], snapshot: Sequence[Tensor] |
         and len(current) == len(snapshot)
         and all(torch.equal(a, b) for a, b in zip(current, snapshot, strict=True))
     )
+
+
+def parameters_changed(current: Sequence[Tensor], snapshot: Sequence[Tensor]) -> Tensor | bool:
+    r"""Whether ``current`` differs from ``snapshot``: True when the shapes differ (known
+    on the host), else a boolean tensor computed on the device in one comparison (the
+    comparison of :func:`parameters_unchanged` without its host reads)."""
+    if len(current) != len(snapshot) or any(
+        a.shape != b.shape or a.dtype != b.dtype for a, b in zip(current, snapshot, strict=True)
+    ):
+        return True
+    if not current:
+        return False
+    flat = torch.cat([a.detach().reshape(-1) for a in current])
+    return flat.ne(torch.cat([b.reshape(-1) for b in snapshot])).any()
 
 
 def apply_to_tensors(state: Any, fn: Callable[[Tensor], Tensor]) -> Any:
@@ -176,9 +195,32 @@ class CachedPosteriorMixin:
         (a host read per check on a GPU): a snapshot stands until :meth:`_invalidate`,
         which a state change, a device move and ``train()`` call (gpytorch's convention).
         """
-        if skip_value_checks.on():
+        if skip_value_checks.on() or self._in_verified_call():
             return self._hyper_snapshot is not None
         return parameters_unchanged(self._hyperparameters(), self._hyper_snapshot)
+
+    @contextlib.contextmanager
+    def _verified_call(self, checks: ValueChecks) -> Iterator[None]:
+        r"""A call that compares the hyperparameters with the caches' snapshot once, in
+        ``checks``' read (dropping the caches there if they changed), and trusts the
+        snapshot for the rest of the call (:meth:`_hyperparameters_unchanged` then
+        compares nothing). Views made during the call are other objects: not trusted."""
+        snapshot = self._hyper_snapshot
+        if not skip_value_checks.on() and snapshot is not None:
+            changed = parameters_changed(self._hyperparameters(), snapshot)
+            if isinstance(changed, bool):
+                if changed:
+                    self._invalidate()
+            else:
+                checks.decide(changed, lambda changed: self._invalidate() if changed else None)
+        token = _VERIFIED.set(_VERIFIED.get() | {id(self)})
+        try:
+            yield
+        finally:
+            _VERIFIED.reset(token)
+
+    def _in_verified_call(self) -> bool:
+        return id(self) in _VERIFIED.get()
 
     def train(self, mode: bool = True) -> Any:
         # Hyperparameters may change in training mode (fit_gpytorch_mll, an optimizer):

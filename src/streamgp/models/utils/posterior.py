@@ -22,6 +22,7 @@ References:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +42,7 @@ from linear_operator.operators import (
 from torch import Tensor
 
 from streamgp.linalg.posterior_covariance import PosteriorCovariance
+from streamgp.settings import ValueChecks, deferred_value_checks
 
 
 class PosteriorMixin:
@@ -98,17 +100,28 @@ class PosteriorMixin:
             return self.subset_output(list(output_indices)).posterior(
                 X, observation_noise=observation_noise, posterior_transform=posterior_transform
             )
-        self._check_posterior_inputs(X, observation_noise)
-        self.eval()
-        X_t = self._prediction_inputs(X)
-        return assemble_posterior(
-            self,
-            self._latent_posterior(X_t),
-            X_t,
-            observation_noise,
-            lambda: self.noise_variance,
-            posterior_transform,
-        )
+        with self._checked_call() as checks:  # one host read of the value checks
+            self._check_posterior_inputs(X, observation_noise)
+            self.eval()
+            X_t = self._prediction_inputs(X)
+            self._read_checks(checks)
+            return assemble_posterior(
+                self,
+                self._latent_posterior(X_t),
+                X_t,
+                observation_noise,
+                lambda: self.noise_variance,
+                posterior_transform,
+            )
+
+    def _checked_call(self) -> contextlib.AbstractContextManager[ValueChecks]:
+        r"""The scope of one public call whose value checks are read from the device
+        together (:func:`~streamgp.settings.deferred_value_checks`)."""
+        return deferred_value_checks(join=False)
+
+    def _read_checks(self, checks: ValueChecks) -> None:
+        r"""Read the call's checks (one host read), before anything is computed from them."""
+        checks.read()
 
     def _check_inputs(self, X: Tensor, name: str) -> None:
         r"""Raise unless ``X`` is a finite ``... x d`` tensor of the model's dtype and device."""
