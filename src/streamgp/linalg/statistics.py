@@ -33,6 +33,7 @@ posterior are the same on both sides (they are exact SKI in both).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from functools import cached_property
 
@@ -41,6 +42,7 @@ from torch import Tensor
 
 from streamgp.interpolation.grid import InterpolationWeights
 from streamgp.linalg.data_space import DataPosterior
+from streamgp.linalg.grid_gram import CellGram
 from streamgp.linalg.grid_kernel import GridKernelRoot
 from streamgp.linalg.love import DEFAULT_TOLERANCE
 from streamgp.linalg.structured import (
@@ -183,6 +185,10 @@ class GridStatistics:
                 gram, pending = _add_sparse(gram, _sum_sparse(pending)), ()
         else:
             gram = weights.add_weighted_gram(gram, precision)
+        return self._add_sums(weights, y, precision, log_noise, noise_sum, gram, pending)
+
+    def _add_sums(self, weights, y, precision, log_noise, noise_sum, gram, pending):
+        # Everything but the Gram matrix, which the caller has summed.
         return GridStatistics(
             gram=gram,
             b=self.b + weights.t_matvec(precision * y),
@@ -193,6 +199,46 @@ class GridStatistics:
             fixed_noise=self.fixed_noise,
             pending=pending,
         )
+
+    @staticmethod
+    def of_rows(
+        chunks: Iterable[tuple[InterpolationWeights, Tensor, Tensor | None]],
+        num_grid: int,
+        like: Tensor,
+        fixed_noise: bool,
+        sparse: bool,
+    ) -> GridStatistics:
+        r"""The statistics of many rows, given in chunks ``(weights, y, noise)``.
+
+        The same sums as adding the chunks one by one with :meth:`add`. Sparse statistics
+        of rows with per-axis (Kronecker) structure, as cubic interpolation on a regular
+        grid gives, sum their Gram matrix cell by cell
+        (:class:`~streamgp.linalg.grid_gram.CellGram`) and form one coalesced sparse
+        matrix at the end, instead of a sparse matrix of ``q 16^d`` entries per chunk
+        and its merge: a ``32^3`` grid absorbs ``10^6`` rows in seconds, not minutes.
+        """
+        stats = GridStatistics.empty(num_grid, like, fixed_noise, sparse)
+        cells = None
+        for weights, y, noise in chunks:
+            if not (sparse and weights.axes and weights.indices.dim() == 2):
+                stats = stats.add(weights, y, noise)
+                continue
+            precision, log_noise, noise_sum = _noise_sums(y, noise if fixed_noise else None)
+            if cells is None:
+                grid_size = [a.num_grid for a in weights.axes]
+                cells = CellGram(grid_size, weights.axes[0].indices.shape[-1], weights.values)
+            cells.add(
+                [a.indices for a in weights.axes], [a.values for a in weights.axes], precision
+            )
+            stats = stats._add_sums(
+                weights, y, precision, log_noise, noise_sum, stats.gram, stats.pending
+            )
+        if cells is None:
+            return stats
+        gram = cells.sparse()
+        if stats.A._nnz() > 0:  # some chunks without per-axis structure
+            gram = _add_sparse(stats.A, gram)
+        return replace(stats, gram=gram, pending=())
 
     def to_grid(self) -> GridStatistics:
         return self
@@ -374,23 +420,24 @@ class DataStatistics:
 
     def to_grid(self, sparse: bool = False, chunk: int = 8192) -> GridStatistics:
         r"""The grid-space statistics of the same rows (in chunks of ``chunk`` rows)."""
-        like = self.y
-        stats = GridStatistics.empty(self.weights.num_grid, like, self.fixed_noise, sparse)
-        for start in range(0, self.count, chunk):
-            rows = slice(start, start + chunk)
-            weights = InterpolationWeights(
-                self.weights.indices[rows],
-                self.weights.values[rows],
-                self.weights.num_grid,
-                tuple(
-                    InterpolationWeights(a.indices[rows], a.values[rows], a.num_grid)
-                    for a in self.weights.axes
-                ),
-            )
-            stats = stats.add(
-                weights, self.y[..., rows], None if self.noise is None else self.noise[rows]
-            )
-        return stats
+
+        def chunks():
+            for start in range(0, self.count, chunk):
+                rows = slice(start, start + chunk)
+                weights = InterpolationWeights(
+                    self.weights.indices[rows],
+                    self.weights.values[rows],
+                    self.weights.num_grid,
+                    tuple(
+                        InterpolationWeights(a.indices[rows], a.values[rows], a.num_grid)
+                        for a in self.weights.axes
+                    ),
+                )
+                yield weights, self.y[..., rows], None if self.noise is None else self.noise[rows]
+
+        return GridStatistics.of_rows(
+            chunks(), self.weights.num_grid, self.y, self.fixed_noise, sparse
+        )
 
     def row_noise(self, noise_variance: Tensor) -> Tensor:
         r"""Each row's noise variance (``noise_variance`` for homoskedastic noise)."""

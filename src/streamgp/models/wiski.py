@@ -574,20 +574,22 @@ class WiskiGP(
         inputs is fitted through the statistics); False for learned interpolation
         points, whose statistics are recomputed when the points change.
         """
-        statistics = GridStatistics.empty(
-            interpolation.num_grid,
-            y,
-            self.fixed_noise,
-            sparse=self.structured if sparse is None else sparse,
+        chunks = (
+            (
+                interpolation.weights(X_t[start : start + self.STATISTICS_CHUNK]),
+                y[..., start : start + self.STATISTICS_CHUNK],
+                None if noise is None else noise[start : start + self.STATISTICS_CHUNK],
+            )
+            for start in range(0, y.shape[-1], self.STATISTICS_CHUNK)
         )
         with torch.set_grad_enabled(differentiable and torch.is_grad_enabled()):
-            for start in range(0, y.shape[-1], self.STATISTICS_CHUNK):
-                rows = slice(start, start + self.STATISTICS_CHUNK)
-                weights = interpolation.weights(X_t[rows])
-                statistics = statistics.add(
-                    weights, y[..., rows], None if noise is None else noise[rows]
-                )
-        return statistics
+            return GridStatistics.of_rows(
+                chunks,
+                interpolation.num_grid,
+                y,
+                self.fixed_noise,
+                sparse=self.structured if sparse is None else sparse,
+            )
 
     # ------------------------------------------------------------ outputs
     def _targets(self, Y: Tensor) -> Tensor:
