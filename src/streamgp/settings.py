@@ -112,7 +112,7 @@ class ValueChecks:
         if self.read_done:  # after the read: check now
             self._act([(kind, action)], [bool(flag.any())])
             return
-        self._flags.append(flag.reshape(-1).any())
+        self._flags.append(flag if flag.dim() == 0 else flag.reshape(-1).any())
         self._actions.append((kind, action))
 
     def read(self) -> None:
@@ -120,6 +120,7 @@ class ValueChecks:
         if self.read_done:
             return
         self.read_done = True
+        # (a bool tensor: the host copy is one byte per check)
         values = torch.stack(self._flags).tolist() if self._flags else []
         self._act(self._actions, values)
 

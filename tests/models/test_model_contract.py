@@ -285,3 +285,18 @@ def _inducing_parameters(model) -> list[torch.Tensor]:
     if isinstance(model, DecoupledSVGP):
         return [model.mean_basis, model.covar_basis]
     return [model.model.variational_strategy.inducing_points]
+
+
+@pytest.mark.parametrize("noise", ["negative", "nan", "not a tensor"])
+def test_bad_observation_noise_raises_naming_it(built, noise):
+    # (issue 37, item 9: a negative or NaN observation_noise was accepted by every model)
+    name, model = built
+    X = _test_points(q=3)
+    value = {"negative": -1.0, "nan": float("nan")}.get(noise)
+    bad = "0.1" if value is None else torch.full((3, 1), value, dtype=torch.float64)
+    error = TypeError if noise == "not a tensor" else ValueError
+    with pytest.raises(error, match="observation_noise"):
+        model.posterior(X, observation_noise=bad)
+    zero = torch.zeros(3, 1, dtype=torch.float64)  # noise-free observations are allowed
+    _, latent = _moments(model, X)
+    torch.testing.assert_close(_moments(model, X, observation_noise=zero)[1], latent)

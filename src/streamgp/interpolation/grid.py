@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import torch
 from gpytorch.utils.grid import create_grid
-from gpytorch.utils.interpolation import Interpolation
 from torch import Tensor
 
 from streamgp.settings import active_value_checks, skip_value_checks, value_check
@@ -308,7 +307,15 @@ class CubicGridInterpolation(GridBox):
         torch.Size([5, 400])
     """
 
-    #: Neighbour offsets relative to the left neighbour of a point, per dimension.
+    #: Keys' cubic convolution kernel (``a = -0.5``, gpytorch's) at the four neighbours
+    #: ``base - 1 .. base + 2`` of a point at offset ``t`` in ``[0, 1]`` from ``base``, as
+    #: polynomials in ``t``: row ``p`` holds the coefficients of ``t^(3 - p)``.
+    _CUBIC_COEFFICIENTS = (
+        (-0.5, 1.5, -1.5, 0.5),
+        (1.0, -2.5, 2.0, -0.5),
+        (-0.5, 0.0, 0.5, 0.0),
+        (0.0, 1.0, 0.0, 0.0),
+    )
 
     def __init__(self, bounds: Tensor, grid_size: int | Sequence[int]) -> None:
         if bounds.ndim != 2 or bounds.shape[0] != 2:
@@ -335,7 +342,6 @@ class CubicGridInterpolation(GridBox):
         self.grid = create_grid(
             sizes, padded, extend=False, device=bounds.device, dtype=bounds.dtype
         )
-        self._interpolation = Interpolation()
         tkwargs = {"device": bounds.device, "dtype": bounds.dtype}
         self._grid_start = torch.tensor([axis[0].item() for axis in self.grid], **tkwargs)
         self._grid_spacing = torch.tensor(
@@ -344,6 +350,17 @@ class CubicGridInterpolation(GridBox):
         self._grid_sizes = torch.tensor(sizes, **tkwargs)
         # Flat index stride of each dimension (first dimension slowest).
         self._strides = [math.prod(sizes[i + 1 :]) for i in range(d)]
+        # Made once, on the device (a host constant copied per call would synchronise).
+        self._cubic = torch.tensor(self._CUBIC_COEFFICIENTS, **tkwargs)
+        strides = torch.tensor(self._strides, device=bounds.device)
+        neighbours = torch.arange(4, device=bounds.device)
+        self._stride_tensor, self._neighbours = strides, neighbours
+        # Flat offsets of the 4^d neighbours from the lowest one, first dimension slowest.
+        self._neighbour_offsets = (
+            torch.cartesian_prod(*[neighbours * s for s in strides.tolist()]).reshape(-1, d).sum(-1)
+            if d > 1
+            else neighbours * strides[0]
+        )
 
     @property
     def dim(self) -> int:
@@ -377,25 +394,26 @@ class CubicGridInterpolation(GridBox):
         position = (X - self._grid_start) / self._grid_spacing
         base = position.detach().floor().clamp(min=torch.ones_like(self._grid_spacing))
         base = torch.minimum(base, self._grid_sizes - 3)
-        offset = position - base
-        # Signed distances to the neighbours base - 1, base, base + 1, base + 2.
-        # (made on the device: a copy of a host constant would synchronise on CUDA)
-        neighbours = torch.arange(-1, 3, dtype=offset.dtype, device=offset.device)
-        distances = offset.unsqueeze(-1) - neighbours
-        per_dim_values = self._interpolation._cubic_interpolation_kernel(distances)
-        per_dim_indices = base.long().unsqueeze(-1) + neighbours.long()
+        # The kernel at the neighbours base - 1 .. base + 2, by Horner's rule in the
+        # offset t = position - base (in [0, 1]; differentiable in X): three fused
+        # multiply-adds for every point and dimension at once.
+        t = (position - base).unsqueeze(-1)
+        c = self._cubic
+        per_dim_values = torch.addcmul(
+            c[3], torch.addcmul(c[2], torch.addcmul(c[1], t, c[0]), t), t
+        )
+        lowest = base.long() - 1  # the lowest neighbour, per dimension
+        per_dim_indices = lowest.unsqueeze(-1) + self._neighbours
         axes = tuple(
             InterpolationWeights(per_dim_indices[..., i, :], per_dim_values[..., i, :], g)
             for i, g in enumerate(self.grid_size)
         )
         # Tensor product over dimensions, first dimension's neighbour slowest.
         values = per_dim_values[..., 0, :]
-        indices = per_dim_indices[..., 0, :] * self._strides[0]
         for i in range(1, self.dim):
             values = (values.unsqueeze(-1) * per_dim_values[..., i, None, :]).flatten(-2)
-            indices = (
-                indices.unsqueeze(-1) + per_dim_indices[..., i, None, :] * self._strides[i]
-            ).flatten(-2)
+        flat_lowest = (lowest * self._stride_tensor).sum(-1, keepdim=True)
+        indices = flat_lowest + self._neighbour_offsets
         return InterpolationWeights(indices, values, self.num_grid, axes)
 
     def to(self, device: torch.device | None = None, dtype: torch.dtype | None = None):

@@ -253,6 +253,26 @@ def check_new_observations(
         check_positive(Yvar, "Yvar")
 
 
+def check_observation_noise(observation_noise: object, like: Tensor) -> None:
+    r"""Validate ``posterior``'s ``observation_noise``: a bool, or a tensor of finite,
+    non-negative noise variances of ``like``'s dtype and device."""
+    if isinstance(observation_noise, bool):
+        return
+    if not isinstance(observation_noise, Tensor):
+        raise TypeError(
+            "observation_noise must be a bool or a tensor of noise variances, got "
+            f"{type(observation_noise).__name__}."
+        )
+    check_tensor(observation_noise, "observation_noise", like=like)
+    value_check(
+        (observation_noise < 0).any(),
+        lambda: ValueError(
+            "observation_noise must be non-negative (noise variances); got min "
+            f"{observation_noise.min().item():.3g}."
+        ),
+    )
+
+
 def check_conditioning_data(
     X: object, Y: object, noise: object | None, *, like: Tensor, dim: int, num_outputs: int = 1
 ) -> None:

@@ -43,6 +43,7 @@ from torch import Tensor
 
 from streamgp.linalg.posterior_covariance import PosteriorCovariance
 from streamgp.settings import ValueChecks, deferred_value_checks
+from streamgp.utils.validation import check_observation_noise
 
 
 class PosteriorMixin:
@@ -101,6 +102,7 @@ class PosteriorMixin:
                 X, observation_noise=observation_noise, posterior_transform=posterior_transform
             )
         with self._checked_call() as checks:  # one host read of the value checks
+            check_observation_noise(observation_noise, like=X)
             self._check_posterior_inputs(X, observation_noise)
             self.eval()
             X_t = self._prediction_inputs(X)
