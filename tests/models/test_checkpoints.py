@@ -108,3 +108,24 @@ def test_a_checkpoint_that_does_not_fit_leaves_the_model_as_it_was(name):
     with torch.no_grad():
         after = model.posterior(Xs)
         assert torch.equal(after.mean, mean) and torch.equal(after.variance, variance)
+
+
+#: A model of another class for each streaming model (issue 37: restoring another class's
+#: checkpoint gave IndexError or a broken receiver).
+_OTHER_CLASS = {"WiskiGP-data": "OnlineSoftKIGP", "WiskiGP-grid": "LocalGP"}
+
+
+@pytest.mark.parametrize("name", list(FACTORIES))
+def test_a_checkpoint_of_another_class_is_refused_naming_it(name):
+    X, Y = _data(20)
+    model = FACTORIES[name](X, Y)
+    other = FACTORIES[_OTHER_CLASS.get(name, "WiskiGP-data")](X, Y)
+    Xs = torch.rand(4, 2, dtype=DTYPE)
+    with torch.no_grad():
+        mean = model.posterior(Xs).mean.clone()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=rf"checkpoint\['model'\] is {type(other).__name__}"):
+        model.restore(other.checkpoint())
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+    with torch.no_grad():
+        assert torch.equal(model.posterior(Xs).mean, mean)

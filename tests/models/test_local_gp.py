@@ -294,3 +294,13 @@ def test_defaults_are_standardize_and_a_constant_mean_learned_by_fit_gpytorch_ml
     assert abs(raw.mean_module.constant.item() - 5.0) < 0.5
     with torch.no_grad():
         assert (raw.posterior(X).mean - (Y + 5.0)).abs().max() < 0.5
+
+
+def test_no_conditioning_and_an_empty_posterior():
+    # (issue 37: AttributeError 'get_fantasy_model', and torch.cat of nothing)
+    X, Y = _data(20)
+    local = LocalGP(X, Y, w_gen=0.5, n_max=8)
+    with pytest.raises(NotImplementedError, match="LocalGP has no condition_on_observations"):
+        local.condition_on_observations(X[:2], Y[:2])
+    posterior = local.posterior(X[:0])
+    assert posterior.mean.shape == (0, 1) and posterior.variance.shape == (0, 1)

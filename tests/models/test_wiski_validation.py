@@ -140,6 +140,8 @@ def test_condition_and_posterior_reject_bad_input(model):
         model.condition_on_observations(GOOD_X, GOOD_Y, noise=torch.zeros(2, 1, dtype=DTYPE))
     with pytest.raises(ValueError, match="Y has 3 points per batch"):
         model.condition_on_observations(GOOD_X, torch.ones(3, 1, dtype=DTYPE))
+    with pytest.raises(ValueError, match="noise must have shape batch x q x 1 with q = 2"):
+        model.condition_on_observations(GOOD_X, GOOD_Y, noise=torch.ones(3, 1, dtype=DTYPE))
     with pytest.raises(ValueError, match="X contains NaN"):
         model.posterior(NAN_X)
     with pytest.warns(GridExtrapolationWarning, match="nearest point"):

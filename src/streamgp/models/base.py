@@ -144,20 +144,34 @@ class StreamingModelMixin(PosteriorMixin):
             >>> torch.equal(resumed.posterior(X_test).mean, model.posterior(X_test).mean)
             True
         """
-        return {"state_dict": self.state_dict(), "stream": self._stream_state()}
+        return {
+            "model": type(self).__name__,
+            "state_dict": self.state_dict(),
+            "stream": self._stream_state(),
+        }
 
     def restore(self, checkpoint: dict[str, Any]) -> StreamingModelMixin:
         r"""Resume the stream saved by :meth:`checkpoint` (in place; returns the model).
 
-        The receiving model must have been built with the same options (kernel, grid,
-        inducing-set size, likelihood); whatever data it held are replaced. Atomic: a
+        The receiving model must be of the checkpoint's class (``checkpoint["model"]``,
+        checked first) and built with the same options (kernel, inducing-set size,
+        likelihood); whatever data it held are replaced. Atomic: a
         checkpoint that does not fit raises and leaves the model as it was (torch's
         ``load_state_dict`` alone would have loaded part of it before raising).
         """
-        if set(checkpoint) != {"state_dict", "stream"}:
+        if not isinstance(checkpoint, dict) or not (
+            {"state_dict", "stream"} <= set(checkpoint) <= {"model", "state_dict", "stream"}
+        ):
+            keys = sorted(checkpoint) if isinstance(checkpoint, dict) else type(checkpoint)
             raise ValueError(
-                "checkpoint must be a dict from model.checkpoint() with keys 'state_dict' "
-                f"and 'stream'; got keys {sorted(checkpoint)}."
+                "checkpoint must be a dict from model.checkpoint() with keys 'model', "
+                f"'state_dict' and 'stream'; got {keys}."
+            )
+        saved_class = checkpoint.get("model", type(self).__name__)  # older: no class
+        if saved_class != type(self).__name__:
+            raise ValueError(
+                f"checkpoint['model'] is {saved_class}: a {saved_class} checkpoint cannot be "
+                f"restored into a {type(self).__name__}; the model is unchanged."
             )
         own = self.checkpoint()
         backup = {

@@ -47,6 +47,7 @@ References:
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from botorch.models.gpytorch import GPyTorchModel
@@ -337,6 +338,21 @@ class LocalGP(CachedPosteriorMixin, StreamingModelMixin, FrozenTransformsMixin, 
         covar = (pair_weights * (K_XX[..., None, None] - inner)).sum((-2, -1))
         return MultivariateNormal(mean, DenseLinearOperator(covar))
 
+    def condition_on_observations(self, X: Tensor, Y: Tensor, **kwargs: Any) -> LocalGP:
+        r"""Not available: a mixture of local experts is not one Gaussian process, so it
+        has no exact Gaussian conditioning (nor BoTorch's ``fantasize``, which uses it).
+
+        Raises:
+            NotImplementedError: Always, naming the alternatives.
+        """
+        raise NotImplementedError(
+            "LocalGP has no condition_on_observations (and so no fantasize): its local "
+            "experts are not one Gaussian process. Absorb data with observe() (on a copy, "
+            "copy.deepcopy(model).observe(X, Y), to keep the original), or use a model with "
+            "exact conditioning (WiskiGP, KissGP, OnlineSVGP, SoftKIGP) for acquisition "
+            "functions that fantasize (qKnowledgeGradient, qNegIntegratedPosteriorVariance)."
+        )
+
     def observe(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> LocalGP:
         r"""Insert new observations in place, in arrival order.
 
@@ -367,6 +383,8 @@ def _solve_selected(L: Tensor, index: Tensor, rhs: Tensor, chunk: int = 64) -> T
     ``prod(S) n^2`` numbers.
     """
     flat_index = index.reshape(-1)
+    if len(flat_index) == 0:  # no test points
+        return rhs.clone()
     flat_rhs = rhs.reshape(-1, rhs.shape[-1], 1)
     solves = [
         torch.linalg.solve_triangular(

@@ -287,6 +287,11 @@ def check_conditioning_data(
         raise ValueError(f"Y has {Y.shape[-2]} points per batch but X has {X.shape[-2]}.")
     if noise is not None:
         check_tensor(noise, "noise", like=like, min_dim=2, last_dim=num_outputs)
+        if noise.shape[-2] != X.shape[-2]:
+            raise ValueError(
+                f"noise must have shape batch x q x {num_outputs} with q = {X.shape[-2]} (as "
+                f"X), got {tuple(noise.shape)}."
+            )
         check_positive(noise, "noise")
 
 
