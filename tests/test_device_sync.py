@@ -7,8 +7,8 @@ checked factorisation) waits for the device. A ``WiskiGP``'s ``observe``,
 - read the host at most once per call by default (their value checks are read together,
   :func:`streamgp.settings.deferred_value_checks`), and none at all inside
   ``skip_value_checks`` (where the marginal likelihood's value and gradient read none
-  either). On the CPU every host read of a tensor and every checked LAPACK call is
-  counted, or made to raise;
+  either; by default the marginal likelihood reads once too). On the CPU every host read
+  of a tensor and every checked LAPACK call is counted, or made to raise;
 - on CUDA (skipped without it), the same steps run under
   ``torch.cuda.set_sync_debug_mode``: ``"error"`` inside ``skip_value_checks``,
   ``"warn"`` (at most one per call) by default, in float32 and float64, and agree with
@@ -328,3 +328,50 @@ def test_cuda_checked_hot_paths_synchronise_at_most_once_per_call(n, limit, dtyp
         "condition_on_observations": 1,
         "fantasy posterior": 1,
     }
+
+
+@pytest.mark.parametrize("n, limit", [(30, None), (200, 0)], ids=["data space", "grid space"])
+def test_checked_marginal_likelihood_reads_the_host_once(n, limit):
+    model = build(n, limit, 1, dtype=torch.float64)
+    model.train()
+    expected, _ = model.fit_objective()
+    with counted_host_reads() as reads:
+        value, _ = model.fit_objective()
+        (grad,) = torch.autograd.grad(value, model.covar_module.raw_lengthscale)
+    assert len(reads) == 1
+    torch.testing.assert_close(value, expected)
+    assert torch.isfinite(grad).all()
+
+
+def test_a_failed_marginal_likelihood_factorisation_is_computed_again_checked(monkeypatch):
+    model = build(200, 0, 1, dtype=torch.float64)
+    model.train()
+    expected, _ = model.fit_objective()
+    cholesky_ex = torch.linalg.cholesky_ex
+    calls = []
+
+    def failing_once(A, **kwargs):
+        L, info = cholesky_ex(A, **kwargs)
+        calls.append(1)
+        if len(calls) == 1:
+            return torch.full_like(L, float("nan")), torch.ones_like(info)
+        return L, info
+
+    monkeypatch.setattr(torch.linalg, "cholesky_ex", failing_once)
+    value, _ = model.fit_objective()
+    assert len(calls) > 1  # computed again after the failure was read
+    torch.testing.assert_close(value, expected)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n, limit", [(30, None), (200, 0)], ids=["data space", "grid space"])
+def test_cuda_checked_marginal_likelihood_synchronises_at_most_once(n, limit, dtype):
+    model = build(n, limit, 1, dtype=dtype, device="cuda")
+    model.train()
+    model.fit_objective()
+    torch.cuda.synchronize()
+    with counted_cuda_syncs() as syncs:
+        value, _ = model.fit_objective()
+        torch.autograd.grad(value, model.covar_module.raw_lengthscale)
+    assert len(syncs) <= 1

@@ -29,7 +29,7 @@ from linear_operator.utils.errors import NanError
 from torch import Tensor
 
 from streamgp.interpolation.grid import InterpolationWeights
-from streamgp.settings import skip_value_checks
+from streamgp.settings import active_value_checks, skip_value_checks
 
 #: Relative jitter tried first, per dtype; raised 10x per failure, at most 4 times.
 _BASE_JITTER = {torch.float64: 1e-12, torch.float32: 1e-6}
@@ -79,6 +79,15 @@ def cholesky_with_jitter(K: Tensor, relative_jitter: float | None = None) -> tup
     if skip_value_checks.on():  # one attempt, its info unread (streamgp.settings)
         jitter = eps * scale
         return torch.linalg.cholesky_ex(K + jitter * eye)[0], jitter
+    checks = active_value_checks()
+    if checks is not None and checks.defer_factorisations:
+        # One attempt; a degenerate K or a failure is read with the caller's checks,
+        # which then repeats its work with this function's checked retries.
+        jitter = eps * scale
+        L, info = torch.linalg.cholesky_ex(K + jitter * eye)
+        degenerate = ~torch.isfinite(K).all() | ~(scale > 0).all()
+        checks.record_failure(degenerate | (info > 0).any())
+        return L, jitter
     if not torch.isfinite(K).all() or not (scale > 0).all():
         # E.g. an outputscale that underflowed to 0 in a line search's trial step.
         raise DegenerateKernelError(

@@ -915,7 +915,28 @@ class WiskiGP(
         likelihood wrapping this model, ``ExactMarginalLogLikelihood`` and a
         ``SumMarginalLogLikelihood`` over a ``ModelListGP`` included
         (:meth:`~streamgp.models.base.StreamingModelMixin.compute_custom_loss`).
+
+        Its value checks (the noise, every factorisation's failure flag) are read from the
+        device once, after the value is computed; if a factorisation failed, the value is
+        computed again with checked factorisations (the kernel's jitter raised as needed,
+        or an error), as it always is inside a rebuild.
         """
+        failed: list[bool] = []
+        with deferred_value_checks(join=False) as checks:
+            checks.defer_factorisations = True
+            value, n = self._log_marginal_likelihood()
+            flag = checks.failure_flag()
+            checks.failures.clear()
+            if flag is not None:
+                checks.decide(flag, failed.append)
+            checks.read()
+        if failed and failed[0]:
+            self._invalidate()  # factors folded in this call may be garbage
+            with immediate_value_checks():
+                value, n = self._log_marginal_likelihood()
+        return value, n
+
+    def _log_marginal_likelihood(self) -> tuple[Tensor, Tensor]:
         statistics = self.training_statistics()
         value = self._centered(statistics).log_marginal_likelihood(
             self.kernel_root(), self.noise_variance, tol=self.love_tolerance
