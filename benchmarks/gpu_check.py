@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -56,10 +55,18 @@ from botorch.sampling import SobolQMCNormalSampler
 from gpytorch.kernels import RBFKernel, ScaleKernel
 from gpytorch.means import ZeroMean
 from gpytorch.mlls import ExactMarginalLogLikelihood
-from hot_path_ops import LENGTHSCALE, NOISE, STEPS, build, data, measure, op_counts, step_inputs
+from hot_path_ops import (
+    STEPS,
+    build,
+    data,
+    measure,
+    op_counts,
+    step_inputs,
+    with_fixed_hyperparameters,
+)
 
 from streamgp import WiskiGP, WoodburyMarginalLogLikelihood
-from streamgp.utils.machine import machine_info, synchronize
+from streamgp.utils.machine import machine_info, median_seconds, synchronize
 
 REPO = Path(__file__).resolve().parents[1]
 D = 3
@@ -69,15 +76,7 @@ COUNTED_CALLS = 12
 
 def median_ms(fn: Callable[[], object], repeats: int) -> float:
     r"""Median synchronised milliseconds of ``repeats`` calls (after one warm-up call)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        synchronize()
-        start = time.perf_counter()
-        fn()
-        synchronize()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+    return 1e3 * median_seconds(fn, repeats=repeats, warmup=True)
 
 
 # -- 1. the CUDA tests ------------------------------------------------------------------
@@ -141,12 +140,7 @@ def run_tests(args, tkwargs) -> dict:
 def _exact(n: int, tkwargs: dict) -> SingleTaskGP:
     X, Y = data(n, tkwargs)
     model = SingleTaskGP(X, Y, covar_module=RBFKernel(ard_num_dims=D), outcome_transform=None)
-    model.covar_module.lengthscale = LENGTHSCALE
-    model.likelihood.noise = NOISE
-    model.eval()
-    with torch.no_grad():
-        model.posterior(X[:2]).variance  # noqa: B018 (the prediction caches)
-    return model
+    return with_fixed_hyperparameters(model, X)
 
 
 def _time_steps(model, steps: list[str], tkwargs: dict, repeats: int) -> dict:

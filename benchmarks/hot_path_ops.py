@@ -63,6 +63,12 @@ def build(n: int, grid_size: int, tkwargs: dict) -> WiskiGP:
         outcome_transform=None,
         mean_module=ZeroMean(),
     )
+    return with_fixed_hyperparameters(model, X)
+
+
+def with_fixed_hyperparameters(model, X: torch.Tensor):
+    r"""``model`` (an RBF kernel's, WISKI or exact) with this script's lengthscale and
+    noise, in eval mode with its prediction caches built at ``X``'s first points."""
     model.covar_module.lengthscale = LENGTHSCALE
     model.likelihood.noise = NOISE
     model.eval()
