@@ -15,6 +15,9 @@ This module is the one implementation shared by streamgp's models:
   semi-definite operator ``M``, with ``k`` chosen adaptively so that the mass of
   ``M`` not captured, ``tr(M - R R^T)``, is at most ``tol * tr(M)``;
 - :func:`compress_root`: the same, for ``M = R R^T`` given an exact root ``R``;
+- :func:`block_lanczos` / :func:`block_lanczos_root`: the same for one large operator,
+  a block of vectors at a time (matrix-matrix products), as a decomposition
+  ``M Q = Q H + N J`` that never stores the products ``M Q``;
 - :func:`sample_with_root`: joint samples ``mean + R z`` from such a root (the
   section-3.3 sampler; for grid models the root at ``t`` test points is
   ``W_* R``, a sparse product).
@@ -361,10 +364,12 @@ class BlockLanczosDecomposition:
     def nystrom_factors(self) -> tuple[Tensor, Tensor]:
         r"""``(F, F_N)`` with Nystrom root ``R = (M Q) T^{+1/2} = Q F + N F_N``.
 
-        ``T = Q^T M Q`` is the symmetric part of ``H``; in its eigenbasis
-        ``T = S diag(theta) S^T``, ``F = H S theta^{+1/2}`` and ``F_N = J S theta^{+1/2}``
-        (``k x k`` and ``c x k``): the root costs one ``m x k x k`` product and its Gram
-        matrix ``R^T R = F^T F + F_N^T (N^T N) F_N`` none.
+        ``T = Q^T M Q`` is the symmetric part of ``H`` (its upper blocks are
+        Gram-Schmidt coefficients, its lower ones the QR factors of the next blocks;
+        they agree to round-off). With ``T = S diag(theta) S^T``, ``F = H S theta^{+1/2}``
+        and ``F_N = J S theta^{+1/2}`` (``k x k`` and ``c x k``; ``theta^{+1/2}`` is
+        :func:`pseudo_inverse_sqrt`): the root costs one ``m x k x k`` product
+        (:meth:`expand`) and its Gram matrix ``R^T R = F^T F + F_N^T (N^T N) F_N`` none.
         """
         H = self.coefficients
         theta, S = torch.linalg.eigh(0.5 * (H + H.mT))
@@ -512,7 +517,9 @@ def block_lanczos_root(
     orthonormalised products of ``M`` with the newest block, so every product with
     ``M`` and every re-orthogonalisation is a matrix-matrix product (one pass over
     the ``m x k`` basis per block instead of per vector). The root is the Nystrom
-    root of the basis, ``R = (M Q) (Q^T M Q)^{+1/2}`` (``R R^T <= M``), and iteration
+    root of the basis, ``R = (M Q) (Q^T M Q)^{+1/2}`` (``R R^T <= M``), formed from
+    the Gram-Schmidt coefficients (:class:`BlockLanczosDecomposition`) by a single
+    ``m x k x k`` product (neither ``M Q`` nor ``Q^T M Q`` is recomputed), and iteration
     stops once ``tr(Q^T M Q) >= (1 - tol) tr(M)`` (``<= tr(R R^T)``), so the
     certificate is that of :func:`lanczos_root`. For grid operators of ``10^4`` points
     and more this is about ten times faster than the vector recurrence, for a rank
