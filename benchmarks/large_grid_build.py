@@ -16,7 +16,14 @@ statistics ``A = W^T W`` is a sparse matrix), timed as
   ``A``; still the path of small ``GridStatistics.add`` calls), and the largest relative
   difference of the two ``A``.
 
-One torch thread by default. Results go to ``<out>/large_grid_build.{json,csv}``.
+One torch thread by default. Results go to ``<out>/large_grid_build.{json,csv}``
+(``large_grid_build_<tag>`` with ``--tag``). Each row records the two variances, so runs
+of two versions of the code can be compared for equality as well as time: ``--label``
+names the version in the rows and ``--append`` adds the rows to an existing results
+file (each run's machine information is kept, in order), e.g. before and after a change:
+
+``PYTHONPATH=<old>/src python benchmarks/large_grid_build.py --label before --tag love``
+``PYTHONPATH=src python benchmarks/large_grid_build.py --label after --tag love --append``
 
 Usage: ``python benchmarks/large_grid_build.py [--n 100000,1000000] [--direct-n 100000]``
 """
@@ -56,7 +63,7 @@ def direct_statistics(model: WiskiGP, X: torch.Tensor, Y: torch.Tensor) -> GridS
     return stats
 
 
-def run(n: int, grid: int, direct: bool, tkwargs: dict) -> dict:
+def run(n: int, grid: int, direct: bool, tkwargs: dict, label: str = "") -> dict:
     X, Y = data(n, tkwargs)
     start = time.perf_counter()
     model = WiskiGP(
@@ -68,7 +75,8 @@ def run(n: int, grid: int, direct: bool, tkwargs: dict) -> dict:
         mean_module=ZeroMean(),
     )
     build_s = time.perf_counter() - start
-    row = {"grid": grid, "m": model.interpolation.num_grid, "n": n, "build_s": build_s}
+    row = {"label": label, "grid": grid, "m": model.interpolation.num_grid, "n": n}
+    row["build_s"] = build_s
     row["structured"] = model.structured
     row["points_per_s"] = n / build_s
     if direct:
@@ -85,8 +93,9 @@ def run(n: int, grid: int, direct: bool, tkwargs: dict) -> dict:
     model.eval()
     start = time.perf_counter()
     with torch.no_grad():
-        model.posterior(X[:2]).variance  # noqa: B018 (the LOVE root)
+        variance = model.posterior(X[:2]).variance  # the LOVE root
     row["first_posterior_s"] = time.perf_counter() - start
+    row["variance"] = variance.squeeze(-1).tolist()
     row["build_plus_first_posterior_s"] = build_s + row["first_posterior_s"]
     return row
 
@@ -100,6 +109,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--tag", default="")
+    parser.add_argument("--label", default="", help="names the code version in the rows")
+    parser.add_argument("--append", action="store_true", help="add to an existing file")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     tkwargs = {"dtype": torch.float64, "device": torch.device("cpu")}
@@ -107,13 +118,20 @@ def main() -> None:
     rows = []
     for n in (int(v) for v in args.n.split(",")):
         torch.manual_seed(args.seed)
-        rows.append(run(n, args.grid, n in direct_n, tkwargs))
+        rows.append(run(n, args.grid, n in direct_n, tkwargs, args.label))
         print(json.dumps(rows[-1]), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = "large_grid_build" + (f"_{args.tag}" if args.tag else "")
     info = machine_info("cpu", dtype="float64", seed=args.seed)
-    (out / f"{name}.json").write_text(json.dumps({"machine": info, "rows": rows}, indent=2))
+    info["label"] = args.label
+    machines = [info]
+    if args.append and (out / f"{name}.json").exists():
+        previous = json.loads((out / f"{name}.json").read_text())
+        machines = previous.get("machines", [previous.get("machine")]) + machines
+        rows = previous["rows"] + rows
+    result = {"machine": info, "machines": machines, "rows": rows}
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2))
     pd.DataFrame(rows).to_csv(out / f"{name}.csv", index=False)
 
 

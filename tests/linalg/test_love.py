@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from streamgp.linalg.love import (
+    block_lanczos,
+    block_lanczos_root,
     lanczos,
     lanczos_root,
     nystrom_root,
@@ -154,3 +156,57 @@ def test_float32_root_is_accurate_to_its_precision():
     res = lanczos_root(matvec_of(M), M.trace(), 60, tol=1e-4)
     assert res.root.dtype == torch.float32
     assert (res.root @ res.root.T - M).abs().max() < 1e-3 * M.abs().max()
+
+
+def _block_cases():
+    """(M, tol, max_rank, block_size): adaptive, full rank, rank cap inside a block,
+    and a rank-deficient operator (invariant subspaces: restarts, dropped directions)."""
+    torch.manual_seed(3)
+    return [
+        (psd_matrix(256, 0.9), 1e-8, None, 8),
+        (psd_matrix(256, 0.97), 0.0, None, 8),
+        (psd_matrix(256, 0.97), 1e-12, 45, 8),
+        (psd_matrix(256, 0.9, rank=20), 0.0, None, 8),
+        (gp_posterior_covariance(256), 1e-10, None, 8),
+    ]
+
+
+@pytest.mark.parametrize("case", range(5))
+def test_block_lanczos_relation_without_stored_products(case):
+    """M Q = Q H + N J with Q orthonormal and Q^T N = 0: H and N stand in for M Q."""
+    M, tol, max_rank, block_size = _block_cases()[case]
+    dec = block_lanczos(
+        lambda V: M @ V, M.trace(), M.shape[0], tol=tol, max_rank=max_rank, block_size=block_size
+    )
+    Q, H, N, J = dec.basis, dec.coefficients, dec.remainder, dec.remainder_coefficients
+    k = dec.rank
+    scale = torch.linalg.matrix_norm(M, ord=2)
+    assert max_rank is None or k <= max_rank
+    # A converged run's nearly dependent blocks cost some orthogonality (as in any
+    # re-orthogonalised Lanczos): 1e-10 is the round-off the LOVE tests allow.
+    assert torch.allclose(Q.T @ Q, torch.eye(k, dtype=DTYPE), atol=1e-10)
+    assert (Q.T @ N).abs().max() <= 1e-12 * scale
+    assert (M @ Q - Q @ H - N @ J).abs().max() <= 1e-12 * scale  # exact, whatever Q is
+    assert (Q.T @ M @ Q - H).abs().max() <= 1e-10 * scale
+
+
+@pytest.mark.parametrize("case", range(5))
+def test_block_lanczos_root_is_the_nystrom_root_of_its_basis(case):
+    """The Nystrom root of the basis: R R^T <= M, equal to M on span(Q) and in M Q's
+    range (``R R^T Q = M Q``), from dense products with the basis (no H, no N)."""
+    M, tol, max_rank, block_size = _block_cases()[case]
+    res = block_lanczos_root(
+        lambda V: M @ V, M.trace(), M.shape[0], tol=tol, max_rank=max_rank, block_size=block_size
+    )
+    Q = block_lanczos(
+        lambda V: M @ V, M.trace(), M.shape[0], tol=tol, max_rank=max_rank, block_size=block_size
+    ).basis
+    R = res.root
+    scale = torch.linalg.matrix_norm(M, ord=2)
+    assert (R @ (R.T @ Q) - M @ Q).abs().max() <= 1e-9 * scale
+    assert torch.linalg.eigvalsh(M - R @ R.T).min() >= -1e-10 * scale
+    assert torch.allclose(res.residual_trace, (M.trace() - R.square().sum()).clamp_min(0.0))
+    if tol > 0 and max_rank is None:
+        assert res.residual_trace <= tol * M.trace()
+    if tol == 0 and max_rank is None:
+        assert (R @ R.T - M).abs().max() <= 1e-9 * scale

@@ -15,6 +15,9 @@ This module is the one implementation shared by streamgp's models:
   semi-definite operator ``M``, with ``k`` chosen adaptively so that the mass of
   ``M`` not captured, ``tr(M - R R^T)``, is at most ``tol * tr(M)``;
 - :func:`compress_root`: the same, for ``M = R R^T`` given an exact root ``R``;
+- :func:`block_lanczos` / :func:`block_lanczos_root`: the same for one large operator,
+  a block of vectors at a time (matrix-matrix products), as a decomposition
+  ``M Q = Q H + N J`` that never stores the products ``M Q``;
 - :func:`sample_with_root`: joint samples ``mean + R z`` from such a root (the
   section-3.3 sampler; for grid models the root at ``t`` test points is
   ``W_* R``, a sparse product).
@@ -333,6 +336,172 @@ def sample_with_root(mean: Tensor, root: Tensor, base_samples: Tensor) -> Tensor
 DEFAULT_BLOCK_SIZE = 64
 
 
+@dataclass(frozen=True)
+class BlockLanczosDecomposition:
+    r"""``M Q = Q H + N J`` for an ``m x k`` orthonormal block-Krylov basis ``Q``.
+
+    The products ``M Q`` are never stored: every product's components along ``Q`` are
+    the re-orthogonalisation coefficients (so ``H`` is ``Q^T M Q`` to round-off), and
+    what lies outside ``Q`` (the last block's residual, and any direction dropped as
+    round-off) is kept in ``N``, orthogonal to ``Q``.
+
+    Attributes:
+        basis: ``m x k`` orthonormal ``Q``.
+        coefficients: ``k x k`` matrix ``H``.
+        remainder: ``m x c`` matrix ``N`` with ``Q^T N = 0`` (to round-off).
+        remainder_coefficients: ``c x k`` matrix ``J``.
+    """
+
+    basis: Tensor
+    coefficients: Tensor
+    remainder: Tensor
+    remainder_coefficients: Tensor
+
+    @property
+    def rank(self) -> int:
+        return self.basis.shape[-1]
+
+    def nystrom_factors(self) -> tuple[Tensor, Tensor]:
+        r"""``(F, F_N)`` with Nystrom root ``R = (M Q) T^{+1/2} = Q F + N F_N``.
+
+        ``T = Q^T M Q`` is the symmetric part of ``H`` (its upper blocks are
+        Gram-Schmidt coefficients, its lower ones the QR factors of the next blocks;
+        they agree to round-off). With ``T = S diag(theta) S^T``, ``F = H S theta^{+1/2}``
+        and ``F_N = J S theta^{+1/2}`` (``k x k`` and ``c x k``; ``theta^{+1/2}`` is
+        :func:`pseudo_inverse_sqrt`): the root costs one ``m x k x k`` product
+        (:meth:`expand`) and its Gram matrix ``R^T R = F^T F + F_N^T (N^T N) F_N`` none.
+        """
+        H = self.coefficients
+        theta, S = torch.linalg.eigh(0.5 * (H + H.mT))
+        inv_sqrt = pseudo_inverse_sqrt(theta)[1]
+        return (H @ S) * inv_sqrt, (self.remainder_coefficients @ S) * inv_sqrt
+
+    def expand(self, F: Tensor, F_N: Tensor) -> Tensor:
+        r"""``Q F + N F_N`` (``m x p``) for coefficients ``F`` (``k x p``), ``F_N`` (``c x p``)."""
+        return torch.addmm(self.remainder @ F_N, self.basis, F)
+
+
+def _remove_rows(vectors: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
+    r"""One classical Gram-Schmidt pass on row vectors: ``(V - C Q^T, C)``, ``C = V Q``.
+
+    ``vectors`` is ``p x m`` and ``rows`` the ``k x m`` orthonormal rows ``Q^T``.
+    """
+    coef = vectors @ rows.mT
+    return torch.addmm(vectors, coef, rows, alpha=-1), coef
+
+
+def block_lanczos(
+    matmul: Callable[[Tensor], Tensor],
+    trace: Tensor,
+    size: int,
+    *,
+    tol: float = DEFAULT_TOLERANCE,
+    max_rank: int | None = None,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+) -> BlockLanczosDecomposition:
+    r"""Block Krylov basis of a PSD operator until ``tr(Q^T M Q) >= (1 - tol) tr(M)``.
+
+    The iteration of :func:`block_lanczos_root` (arguments as there), returned as a
+    :class:`BlockLanczosDecomposition`, so that callers that need more than the root
+    (e.g. its Gram matrix) get it from ``k x k`` coefficients instead of ``m x k x k``
+    products.
+    """
+    if not 0.0 <= tol < 1.0:
+        raise ValueError(f"tol must be in [0, 1), got {tol}.")
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}.")
+    trace = torch.as_tensor(trace)
+    limit = size if max_rank is None else min(size, max_rank)
+    # Small operators: narrower blocks, so the rank overshoots by few vectors.
+    block_size = max(1, min(block_size, size // 32))
+    eps = torch.finfo(trace.dtype).eps
+    target = float((1.0 - tol) * trace) if tol > 0 else math.inf
+    start_block = _start_vector(torch.Size((block_size, size)), trace)[: min(block_size, limit)]
+    block = torch.linalg.qr(start_block.mT).Q.mT  # one row per vector, as all vectors below
+    # Vectors are rows (``p x m``, row-major) throughout: appending a block to the basis
+    # writes contiguous rows, regrowing the buffer is one contiguous copy, and the
+    # Gram-Schmidt update ``new - C Q^T`` is a GEMM with a row-major ``p x m`` output,
+    # several times faster than ``new - Q C`` into an ``m x p`` column block (a pass over
+    # ``Q`` is memory-bound). The capacity doubles: the copies add up to the final size.
+    capacity = min(limit, 4 * block.shape[0])
+    rows = block.new_empty(capacity, size)
+    # Column blocks of H: (start column, coefficients along the basis so far).
+    columns: list[tuple[int, Tensor]] = []
+    # Parts of products outside the basis: (start column, rows c x m, coefficients c x w).
+    remainders: list[tuple[int, Tensor, Tensor]] = []
+    captured, rank = 0.0, 0
+    while True:
+        product = matmul(block.mT).mT.contiguous()
+        width = block.shape[0]
+        if rank + width > capacity:
+            capacity = min(limit, max(2 * capacity, rank + width))
+            rows = torch.cat([rows[:rank], rows.new_empty(capacity - rank, size)])
+        rows[rank : rank + width] = block
+        start, rank = rank, rank + width
+        captured += float((block * product).sum())
+        basis = rows[:rank]
+        # Classical Gram-Schmidt in blocks, twice (twice is enough); the coefficients
+        # of both passes are this block's column of H = Q^T M Q.
+        new, coef = _remove_rows(product, basis)
+        new, again = _remove_rows(new, basis)
+        coef = (coef + again).mT
+        columns.append((start, coef))
+        if captured >= target or rank >= limit:
+            remainders.append((start, new, torch.eye(width, dtype=new.dtype, device=new.device)))
+            break
+        # Householder QR of the whole residual: new = Qn Rn exactly (to round-off).
+        Qn, Rn = torch.linalg.qr(new.mT)
+        Qn = Qn.mT
+        diagonal = Rn.diagonal().abs()
+        scale = diagonal.amax().clamp_min(torch.finfo(trace.dtype).tiny)
+        keep = diagonal > size * eps * scale
+        keep[min(block_size, limit - rank) :] = False  # at most the next block's width
+        if not bool(keep.any()):
+            # An invariant subspace: the residual is round-off (kept in N, exactly);
+            # continue from fresh directions (as lanczos_root restarts).
+            remainders.append((start, new, torch.eye(width, dtype=new.dtype, device=new.device)))
+            next_width = min(block_size, limit - rank)
+            fresh = _start_vector(torch.Size((next_width, size)), trace, offset=rank)
+            for _ in range(2):
+                fresh = _remove_rows(fresh, basis)[0]
+            block = torch.linalg.qr(fresh.mT).Q.mT  # its rows of H in this column: zero
+            continue
+        if not bool(keep.all()):
+            # Directions dropped as round-off (or beyond the rank limit) stay in N.
+            remainders.append((start, Qn[~keep], Rn[~keep]))
+        block, upper = Qn[keep], Rn[keep]
+        cancelled = eps**0.5 * torch.linalg.vector_norm(product, dim=-1).amax()
+        if bool((diagonal[keep] < cancelled).any()):
+            # Much cancellation (in the products or the QR): the block carries relative
+            # round-off along the basis, which H = Q^T M Q assumes away; one more pass
+            # restores orthogonality (block = Q c + Q2 R2, exactly).
+            block, along = _remove_rows(block, basis)
+            Q2, R2 = torch.linalg.qr(block.mT)
+            block = Q2.mT
+            coef = coef + along.mT @ upper
+            upper = R2 @ upper
+        # Rows of H for the next block: its coefficients in this block's products.
+        columns[-1] = (start, torch.cat([coef, upper]))
+    k = rank
+    H = rows.new_zeros(k, k)
+    for start, coef in columns:
+        H[: coef.shape[0], start : start + coef.shape[1]] = coef
+    basis = rows[:k]
+    N = torch.cat([part for _, part, _ in remainders])
+    J = N.new_zeros(N.shape[0], k)
+    offset = 0
+    for start, part, coef in remainders:
+        J[offset : offset + part.shape[0], start : start + coef.shape[-1]] = coef
+        offset += part.shape[0]
+    if len(remainders) > 1:
+        # Earlier remainders were not orthogonalised against later blocks: move their
+        # components along Q into H, so that Q^T N = 0 again.
+        for _ in range(2):
+            N, along = _remove_rows(N, basis)
+            H = H + along.mT @ J
+    return BlockLanczosDecomposition(basis.mT, H, N.mT, J)
+
+
 def block_lanczos_root(
     matmul: Callable[[Tensor], Tensor],
     trace: Tensor,
@@ -348,7 +517,9 @@ def block_lanczos_root(
     orthonormalised products of ``M`` with the newest block, so every product with
     ``M`` and every re-orthogonalisation is a matrix-matrix product (one pass over
     the ``m x k`` basis per block instead of per vector). The root is the Nystrom
-    root of the basis, ``R = (M Q) (Q^T M Q)^{+1/2}`` (``R R^T <= M``), and iteration
+    root of the basis, ``R = (M Q) (Q^T M Q)^{+1/2}`` (``R R^T <= M``), formed from
+    the Gram-Schmidt coefficients (:class:`BlockLanczosDecomposition`) by a single
+    ``m x k x k`` product (neither ``M Q`` nor ``Q^T M Q`` is recomputed), and iteration
     stops once ``tr(Q^T M Q) >= (1 - tol) tr(M)`` (``<= tr(R R^T)``), so the
     certificate is that of :func:`lanczos_root`. For grid operators of ``10^4`` points
     and more this is about ten times faster than the vector recurrence, for a rank
@@ -372,57 +543,10 @@ def block_lanczos_root(
         >>> bool(res.residual_trace <= 1e-10 * M.trace())
         True
     """
-    if not 0.0 <= tol < 1.0:
-        raise ValueError(f"tol must be in [0, 1), got {tol}.")
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}.")
+    decomposition = block_lanczos(
+        matmul, trace, size, tol=tol, max_rank=max_rank, block_size=block_size
+    )
+    root = decomposition.expand(*decomposition.nystrom_factors())
     trace = torch.as_tensor(trace)
-    limit = size if max_rank is None else min(size, max_rank)
-    # Small operators: narrower blocks, so the rank overshoots by few vectors.
-    block_size = max(1, min(block_size, size // 32))
-    eps = torch.finfo(trace.dtype).eps
-    target = float((1.0 - tol) * trace) if tol > 0 else math.inf
-    block = _start_vector(torch.Size((block_size, size)), trace).mT[:, : min(block_size, limit)]
-    block = torch.linalg.qr(block).Q
-    # Basis and products grow in buffers of doubling capacity (not one cat per block).
-    capacity = min(limit, 4 * block.shape[-1])
-    bases = block.new_empty(size, capacity)
-    products = block.new_empty(size, capacity)
-    captured, rank = 0.0, 0
-    while True:
-        product = matmul(block)
-        width = block.shape[-1]
-        if rank + width > capacity:
-            capacity = min(limit, max(2 * capacity, rank + width))
-            bases = torch.cat([bases[:, :rank], bases.new_empty(size, capacity - rank)], -1)
-            products = torch.cat(
-                [products[:, :rank], products.new_empty(size, capacity - rank)], -1
-            )
-        bases[:, rank : rank + width] = block
-        products[:, rank : rank + width] = product
-        rank += width
-        captured += float((block * product).sum())
-        if captured >= target or rank >= limit:
-            break
-        basis = bases[:, :rank]
-        width = min(block_size, limit - rank)
-        new = product[:, :width]
-        for _ in range(2):  # twice is enough (classical Gram-Schmidt, in blocks)
-            new = new - basis @ (basis.mT @ new)
-        block, upper = torch.linalg.qr(new)
-        scale = upper.diagonal().abs().amax().clamp_min(torch.finfo(trace.dtype).tiny)
-        lost = upper.diagonal().abs() <= size * eps * scale
-        if bool(lost.all()):
-            # An invariant subspace: continue from fresh directions (as lanczos_root restarts).
-            fresh = _start_vector(torch.Size((width, size)), trace, offset=rank).mT
-            for _ in range(2):
-                fresh = fresh - basis @ (basis.mT @ fresh)
-            block = torch.linalg.qr(fresh).Q
-        elif bool(lost.any()):
-            block = block[:, ~lost]
-    basis, product = bases[:, :rank], products[:, :rank]
-    projected = basis.mT @ product
-    theta, S = torch.linalg.eigh(0.5 * (projected + projected.mT))
-    root = (product @ S) * pseudo_inverse_sqrt(theta)[1]
     residual = (trace - root.square().sum()).clamp_min(0.0)
     return LanczosRoot(root=root, trace=trace, residual_trace=residual)

@@ -41,7 +41,12 @@ import torch
 from torch import Tensor
 
 from streamgp.linalg.grid_kernel import GridKernelRoot
-from streamgp.linalg.love import DEFAULT_TOLERANCE, block_lanczos_root, pseudo_inverse_sqrt
+from streamgp.linalg.love import (
+    DEFAULT_TOLERANCE,
+    block_lanczos,
+    block_lanczos_root,
+    pseudo_inverse_sqrt,
+)
 from streamgp.linalg.woodbury import (
     GridPosterior,
     assemble_log_likelihood,
@@ -158,12 +163,20 @@ class WhitenedStatistic:
         trace = float(self.trace)
         asked = tol / max(trace, tol) if tol > 0 else 0.0  # tol = 0 with no data: 0
         rel = min(max(asked, 1e3 * torch.finfo(dtype).eps), 0.5)
-        Y = block_lanczos_root(self.matmul, self.trace, self.size, tol=rel, max_rank=max_rank)
-        mu, E = torch.linalg.eigh(Y.root.mT @ Y.root)
+        krylov = block_lanczos(self.matmul, self.trace, self.size, tol=rel, max_rank=max_rank)
+        # The Nystrom root is Y = Q F + N F_N (block_lanczos_root), so G_N = Y Y^T has
+        # eigenvectors Y E mu^{-1/2} with (mu, E) from Y^T Y = F^T F + F_N^T (N^T N) F_N:
+        # all k x k but one m x k x k product (Y itself is never formed).
+        F, F_N = krylov.nystrom_factors()
+        N = krylov.remainder
+        gram = F.mT @ F + F_N.mT @ ((N.mT @ N) @ F_N)
+        mu, E = torch.linalg.eigh(0.5 * (gram + gram.mT))
         keep, inv_sqrt = pseudo_inverse_sqrt(mu)
-        basis = (Y.root @ E) * inv_sqrt  # orthonormal columns (zero where mu is round-off)
+        # Orthonormal columns (zero where mu is round-off).
+        basis = krylov.expand((F @ E) * inv_sqrt, (F_N @ E) * inv_sqrt)
         eigenvalues = torch.where(keep, mu, torch.zeros_like(mu))
-        return NystromInverse(basis, eigenvalues, Y.residual_trace)
+        residual = (self.trace - gram.diagonal().sum()).clamp_min(0.0)  # tr(G) - |Y|_F^2
+        return NystromInverse(basis, eigenvalues, residual)
 
     def solve(self, rhs: Tensor, nystrom: NystromInverse, rtol: float | None = None) -> Tensor:
         r"""``(I + G)^{-1} rhs`` by CG preconditioned with ``(I + G_N)^{-1}``.
@@ -235,13 +248,17 @@ def structured_grid_posterior(
     """
     operator = WhitenedStatistic(L_K, A)
     nystrom = operator.nystrom(tol, max_rank)
-    Z = L_K.matmul(nystrom.basis * nystrom.shrink.sqrt())  # Sigma_1 = K - Z Z^T
+    # Sigma_1 = K - Z Z^T, with Z^T kept row-major: block_lanczos passes blocks as
+    # transposed row-major p x m arrays and wants them back so, and "- C^T Z^T" into
+    # a row-major p x m output is a GEMM about twice as fast as "- Z C" into m x p.
+    Z_t = L_K.matmul(nystrom.basis * nystrom.shrink.sqrt()).mT.contiguous()
 
     # Step 2: Nystrom root of Sigma_1.
     def sigma1(V: Tensor) -> Tensor:
-        return L_K.matmul(L_K.t_matmul(V)) - Z @ (Z.mT @ V)
+        prior = L_K.matmul(L_K.t_matmul(V))
+        return torch.addmm(prior.mT, V.mT @ Z_t.mT, Z_t, alpha=-1).mT
 
-    trace_1 = L_K.kernel_trace() - Z.square().sum()
+    trace_1 = L_K.kernel_trace() - Z_t.square().sum()
     second = block_lanczos_root(sigma1, trace_1, L_K.num_grid, tol=tol, max_rank=max_rank)
 
     # Mean: alpha = L_K C^{-1} L_K^T b.
