@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 
 import pytest
 import torch
@@ -24,7 +25,7 @@ from gpytorch.means import ConstantMean, LinearMean, ZeroMean
 from gpytorch.mlls import ExactMarginalLogLikelihood
 
 from streamgp.linalg.grid_kernel import cholesky_with_jitter, point_kernel_root
-from streamgp.models.online_softki import OnlineSoftKIGP
+from streamgp.models.online_softki import FarFromPointsWarning, OnlineSoftKIGP
 from streamgp.models.softki import SoftKIGP
 
 DTYPE = torch.float64
@@ -728,3 +729,19 @@ def test_constant_mean_survives_warm_start_and_checkpoint():
     Xs = make_data(5)[0]
     pa, pb = model.posterior(Xs), resumed.posterior(Xs)
     assert torch.equal(pa.mean, pb.mean) and torch.equal(pa.variance, pb.variance)
+
+
+def test_an_observation_far_from_the_points_warns():
+    # (issue 37: an observation at x = 1e6 was absorbed silently, moving the mean by ~25)
+    X = 0.1 + 0.8 * torch.rand(
+        30, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0)
+    )
+    Y = torch.sin(4 * X).sum(-1, keepdim=True)
+    model = OnlineSoftKIGP(X, Y, num_inducing=8, pretrain_epochs=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FarFromPointsWarning)
+        model.observe(X[:3] * 1.1, Y[:3])  # near the data: no warning
+    far = torch.tensor([[1e6, 1e6]], dtype=torch.float64)
+    with pytest.warns(FarFromPointsWarning, match="far outside the region"):
+        model.observe(far, torch.tensor([[50.0]], dtype=torch.float64))
+    assert model.num_train == 34  # absorbed (and said), not lost

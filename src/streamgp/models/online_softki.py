@@ -62,6 +62,7 @@ References:
 
 from __future__ import annotations
 
+import warnings
 from types import SimpleNamespace
 from typing import Any
 
@@ -86,12 +87,17 @@ from streamgp.models.softki import (
 )
 from streamgp.models.utils.defaults import DEFAULT, _DefaultType
 from streamgp.models.wiski import WiskiGP
+from streamgp.settings import active_value_checks, skip_value_checks
 from streamgp.utils.validation import check_count, check_grid_model_data, check_kernel
 
 #: Epochs of SoftKI's Algorithm 1 run on the constructor's batch by default.
 DEFAULT_PRETRAIN_EPOCHS = 50
 #: ``SoftKIGP.fit`` options the model sets itself (not through ``pretrain_options``).
 _RESERVED_FIT_OPTIONS = ("num_epochs",)
+
+
+class FarFromPointsWarning(UserWarning):
+    r"""An observation far outside the region the interpolation points cover."""
 
 
 class SoftmaxPointInterpolation(torch.nn.Module):
@@ -151,6 +157,17 @@ class SoftmaxPointInterpolation(torch.nn.Module):
 
     def check_inside(self, X: Tensor, name: str = "X") -> None:
         r"""Nothing to check: softmax weights are defined at every input."""
+
+    #: How far beyond the points' bounding box a point is "far", as a fraction of the
+    #: box's largest side: its softmax weights then fall on the nearest points alone.
+    FAR_MARGIN = 0.5
+
+    def far(self, X: Tensor) -> Tensor:
+        r"""Whether any row of ``X`` lies more than :attr:`FAR_MARGIN` of the points' box
+        beyond it (a boolean tensor, computed on the device)."""
+        box = self.bounds
+        margin = self.FAR_MARGIN * (box[1] - box[0]).max()
+        return ((X < box[0] - margin) | (X > box[1] + margin)).any()
 
     def prediction_inputs(self, X: Tensor, extrapolation: str = "nearest", name: str = "X"):
         r"""``X`` itself: softmax weights extrapolate (towards the nearest points)."""
@@ -434,6 +451,24 @@ class OnlineSoftKIGP(WiskiGP):
                 (torch.cat(X), torch.cat(y), None if noise[0] is None else torch.cat(noise))
             ]
         return self._kept[0]
+
+    def _check_observed_inputs(self, X_t: Tensor) -> None:
+        # Softmax weights put a far point on its nearest interpolation points as if it
+        # were there; say so (in the call's one read) rather than absorb it silently.
+        def warn() -> None:
+            warnings.warn(
+                "X has points far outside the region of the interpolation points (more "
+                f"than {self.interpolation.FAR_MARGIN:g} of its extent beyond their box): "
+                "they are absorbed as if at their nearest points. Call refit_points() "
+                "(keep_data=True) to re-learn the points over all the data, or start from "
+                "a design that covers the search space.",
+                FarFromPointsWarning,
+                stacklevel=5,
+            )
+
+        checks = active_value_checks()
+        if checks is not None and not skip_value_checks.on():
+            checks.warn(self.interpolation.far(X_t), warn)
 
     def observe(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> OnlineSoftKIGP:
         r"""Absorb new observations in place, in ``O(m^2 q)`` time (independent of ``n``).

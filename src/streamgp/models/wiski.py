@@ -1257,7 +1257,7 @@ class WiskiGP(
                 )
             outside = []  # set at the read: whether a kept-data model must re-grid
             if self.observations is None:
-                self.interpolation.check_inside(X_t, "X")
+                self._check_observed_inputs(X_t)
             elif not skip_value_checks.on() and len(X):
                 flag = self.interpolation.outside(X_t.detach()).any()
                 checks.decide(flag, outside.append)
@@ -1275,6 +1275,11 @@ class WiskiGP(
         if self.observations is not None:
             self.observations.append(X, Y, Yvar)
         return self
+
+    def _check_observed_inputs(self, X_t: Tensor) -> None:
+        r"""Check observed inputs (transformed) against the interpolation's domain, in the
+        call's one read: a grid without kept data refuses points outside its box."""
+        self.interpolation.check_inside(X_t, "X")
 
     def _observe_on_grid(self, X_t: Tensor, Y_t: Tensor, noise: Tensor | None) -> None:
         r"""Absorb transformed rows inside the grid (the update of :meth:`observe`), with
