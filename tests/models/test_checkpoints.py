@@ -129,3 +129,17 @@ def test_a_checkpoint_of_another_class_is_refused_naming_it(name):
     assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
     with torch.no_grad():
         assert torch.equal(model.posterior(Xs).mean, mean)
+
+
+@pytest.mark.parametrize("name", list(FACTORIES))
+def test_a_checkpoint_with_nan_state_is_refused_naming_the_tensor(name):
+    # (issue 37: a NaN in statistics.y was accepted and gave NaN predictions)
+    X, Y = _data(20)
+    model = FACTORIES[name](X, Y)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    bad = FACTORIES[name](X, Y).checkpoint()
+    key = next(k for k, v in bad["state_dict"].items() if v.is_floating_point() and v.numel())
+    bad["state_dict"][key] = bad["state_dict"][key].clone().fill_(float("nan"))
+    with pytest.raises(ValueError, match=rf"checkpoint\['state_dict'\]\['{key}'\] has NaN"):
+        model.restore(bad)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())

@@ -33,6 +33,26 @@ from streamgp.mlls.objective import per_datum_objective
 from streamgp.models.utils.posterior import PosteriorMixin
 
 
+def _check_no_nan_state(checkpoint: dict[str, Any]) -> None:
+    r"""Raise naming the first floating tensor of ``checkpoint`` with a NaN entry (a
+    corrupted state would predict NaN or fail later; Inf is legitimate, e.g. an
+    unbounded constraint's ``upper_bound``)."""
+
+    def visit(value: Any, path: str) -> None:
+        if isinstance(value, Tensor):
+            if value.is_floating_point() and bool(torch.isnan(value).any()):
+                raise ValueError(f"checkpoint{path} has NaN entries; the model is unchanged.")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                visit(item, f"{path}[{key!r}]")
+        elif isinstance(value, list | tuple):
+            for i, item in enumerate(value):
+                visit(item, f"{path}[{i}]")
+
+    visit(checkpoint.get("state_dict"), "['state_dict']")
+    visit(checkpoint.get("stream"), "['stream']")
+
+
 def construct_inputs_with_options(
     cls: type, training_data: SupervisedDataset, **options: Any
 ) -> dict[str, Any]:
@@ -173,6 +193,7 @@ class StreamingModelMixin(PosteriorMixin):
                 f"checkpoint['model'] is {saved_class}: a {saved_class} checkpoint cannot be "
                 f"restored into a {type(self).__name__}; the model is unchanged."
             )
+        _check_no_nan_state(checkpoint)
         own = self.checkpoint()
         backup = {
             "state_dict": {k: v.detach().clone() for k, v in own["state_dict"].items()},
