@@ -215,6 +215,16 @@ def counted_host_reads() -> Iterator[list[str]]:
             setattr(torch.linalg, name, function)
 
 
+#: Host reads (CPU) or synchronisations (CUDA) per public call with the value checks on.
+ONE_READ_PER_CALL = {
+    "observe": 1,
+    "posterior": 1,
+    "variances": 0,
+    "condition_on_observations": 1,
+    "fantasy posterior": 1,
+}
+
+
 def reads_per_call(model: WiskiGP, inputs: dict, counter=counted_host_reads) -> dict[str, int]:
     r"""The most host reads (``counter``'s records) any one public call of
     :func:`stream_steps` made, by call."""
@@ -248,13 +258,7 @@ def test_checked_hot_paths_read_the_host_at_most_once_per_call(n, limit, num_out
     model = build(n, limit, num_outputs, dtype=torch.float64)
     model.posterior(BOUNDS.to(torch.float64))  # the first factorisation, outside the count
     most = reads_per_call(model, stream_inputs(model))
-    assert most == {
-        "observe": 1,
-        "posterior": 1,
-        "variances": 0,
-        "condition_on_observations": 1,
-        "fantasy posterior": 1,
-    }
+    assert most == ONE_READ_PER_CALL
 
 
 def test_checked_hot_paths_still_refuse_bad_input_and_leave_the_model_unchanged():
@@ -321,13 +325,7 @@ def test_cuda_checked_hot_paths_synchronise_at_most_once_per_call(n, limit, dtyp
     inputs = stream_inputs(model)
     torch.cuda.synchronize()
     most = reads_per_call(model, inputs, counted_cuda_syncs)
-    assert most == {
-        "observe": 1,
-        "posterior": 1,
-        "variances": 0,
-        "condition_on_observations": 1,
-        "fantasy posterior": 1,
-    }
+    assert most == ONE_READ_PER_CALL
 
 
 @pytest.mark.parametrize("n, limit", [(30, None), (200, 0)], ids=["data space", "grid space"])

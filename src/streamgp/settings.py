@@ -57,6 +57,7 @@ __all__ = [
     "immediate_value_checks",
     "skip_value_checks",
     "value_check",
+    "value_warning",
 ]
 
 
@@ -204,3 +205,17 @@ def value_check(failed: Tensor, error: Callable[[], Exception]) -> None:
         checks.require(failed, error)
     elif bool(failed.any()):
         raise error()
+
+
+def value_warning(failed: Tensor, warn: Callable[[], None]) -> None:
+    r"""Call ``warn()`` if ``failed`` is True: at the enclosing scope's read, or now.
+
+    Nothing is checked inside :class:`skip_value_checks`.
+    """
+    if skip_value_checks.on():
+        return
+    checks = _ACTIVE.get()
+    if checks is not None:
+        checks.warn(failed, warn)
+    elif bool(failed.any()):
+        warn()

@@ -23,7 +23,7 @@ import torch
 from gpytorch.utils.grid import create_grid
 from torch import Tensor
 
-from streamgp.settings import active_value_checks, skip_value_checks, value_check
+from streamgp.settings import skip_value_checks, value_check, value_warning
 
 
 @dataclass(frozen=True)
@@ -276,11 +276,7 @@ class GridBox:
             )
 
         outside = self.outside(X)
-        checks = active_value_checks()
-        if checks is not None:  # warned at the call's one read
-            checks.warn(outside.any(), warn)
-        elif bool(outside.any()):
-            warn()
+        value_warning(outside.any(), warn)  # at the call's one read
         # Only the points outside move (a selection on the device, no host decision);
         # the others, and their gradients, stay exactly as they are.
         lo, hi = self.bounds[0], self.bounds[1]

@@ -87,7 +87,7 @@ from streamgp.models.softki import (
 )
 from streamgp.models.utils.defaults import DEFAULT, _DefaultType
 from streamgp.models.wiski import WiskiGP
-from streamgp.settings import active_value_checks, skip_value_checks
+from streamgp.settings import value_warning
 from streamgp.utils.validation import check_count, check_grid_model_data, check_kernel
 
 #: Epochs of SoftKI's Algorithm 1 run on the constructor's batch by default.
@@ -466,9 +466,7 @@ class OnlineSoftKIGP(WiskiGP):
                 stacklevel=5,
             )
 
-        checks = active_value_checks()
-        if checks is not None and not skip_value_checks.on():
-            checks.warn(self.interpolation.far(X_t), warn)
+        value_warning(self.interpolation.far(X_t), warn)  # in observe's one read
 
     def observe(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> OnlineSoftKIGP:
         r"""Absorb new observations in place, in ``O(m^2 q)`` time (independent of ``n``).

@@ -925,8 +925,7 @@ class WiskiGP(
         with deferred_value_checks(join=False) as checks:
             checks.defer_factorisations = True
             value, n = self._log_marginal_likelihood()
-            flag = checks.failure_flag()
-            checks.failures.clear()
+            flag = self._take_failures(checks)
             if flag is not None:
                 checks.decide(flag, failed.append)
             checks.read()

@@ -39,13 +39,10 @@ def parameter_snapshot(parameters: Iterable[Tensor]) -> list[Tensor]:
 def parameters_unchanged(current: Sequence[Tensor], snapshot: Sequence[Tensor] | None) -> bool:
     r"""Whether ``current`` holds the same tensors (shapes and values) as ``snapshot``.
 
-    False without a snapshot, or when the number of tensors differs.
+    False without a snapshot, or when the number of tensors differs. One host read (of
+    :func:`parameters_changed`'s flag) at most.
     """
-    return (
-        snapshot is not None
-        and len(current) == len(snapshot)
-        and all(torch.equal(a, b) for a, b in zip(current, snapshot, strict=True))
-    )
+    return snapshot is not None and not bool(parameters_changed(current, snapshot))
 
 
 def parameters_changed(current: Sequence[Tensor], snapshot: Sequence[Tensor]) -> Tensor | bool:

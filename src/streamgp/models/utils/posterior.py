@@ -102,8 +102,8 @@ class PosteriorMixin:
                 X, observation_noise=observation_noise, posterior_transform=posterior_transform
             )
         with self._checked_call() as checks:  # one host read of the value checks
-            check_observation_noise(observation_noise, like=X)
             self._check_posterior_inputs(X, observation_noise)
+            check_observation_noise(observation_noise, like=X)
             self.eval()
             X_t = self._prediction_inputs(X)
             self._read_checks(checks)
