@@ -67,10 +67,14 @@ def test_model_size_options_reach_their_models():
 
     args = build_parser().parse_args(["bo", "--grid-size", "7", "--num-inducing", "9"])
     options = _model_options(args)
-    assert options["wiski"] == options["kissgp"] == {"grid_size": 7}
+    assert options["wiski"] == options["wiski-additive"] == options["kissgp"] == {"grid_size": 7}
     assert options["osvgp"] == options["softki"] == {"num_inducing": 9}
+    assert options["exact"] == {}  # each model gets the flags it takes (the registry's)
     defaults = _model_options(build_parser().parse_args(["bo"]))
-    assert defaults == {"wiski": {}, "kissgp": {}, "osvgp": {}, "softki": {}}
+    assert not any(defaults.values())
+    assert _model_options(build_parser().parse_args(["active"]), grid_size=30)["wiski"] == {
+        "grid_size": 30
+    }
 
 
 @pytest.mark.parametrize(

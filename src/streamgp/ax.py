@@ -57,18 +57,19 @@ except ImportError as error:  # pragma: no cover - exercised without the extra
     raise ImportError(
         "streamgp.ax needs Ax: pip install 'streamgp[ax]' (ax-platform 1.3.1)."
     ) from error
-from botorch.models.model import Model
 from botorch.models.transforms.outcome import Standardize
 
-from streamgp import models as _models
+from streamgp.models.registry import get_model_spec, registered_models
 from streamgp.utils.validation import check_count
 
-#: streamgp's BoTorch model classes, as Ax's storage registry knows them after
-#: :func:`register_with_ax_storage`.
+#: streamgp's BoTorch model classes (the registry's, BoTorch's own left to Ax), as Ax's
+#: storage registry knows them after :func:`register_with_ax_storage`.
 MODEL_CLASSES = tuple(
-    cls
-    for cls in (getattr(_models, name) for name in _models.__all__)
-    if isinstance(cls, type) and issubclass(cls, Model)
+    dict.fromkeys(
+        spec.model_class
+        for spec in map(get_model_spec, registered_models())
+        if spec.model_class.__module__.startswith("streamgp.")
+    )
 )
 
 

@@ -27,12 +27,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import pandas as pd
 
 from streamgp.loops.acquisition import BOX_ACQUISITIONS, POOL_ACQUISITIONS, AcquisitionOptions
 from streamgp.loops.bo import TEST_FUNCTIONS
-from streamgp.loops.surrogates import SURROGATES, choose_surrogate
+from streamgp.models.registry import choose_model, get_model_spec, registered_models
 
 
 def _choices_list(choices: Sequence[str], what: str):
@@ -55,9 +56,9 @@ def _max_steps(text: str) -> dict[str, int]:
     caps = {}
     for item in text.split(","):
         model, _, value = item.partition("=")
-        if model not in SURROGATES or not value.isdigit():
+        if model not in registered_models() or not value.isdigit():
             raise argparse.ArgumentTypeError(
-                f"expected model=N with model in {sorted(SURROGATES)}, got {item!r}"
+                f"expected model=N with model in {sorted(registered_models())}, got {item!r}"
             )
         caps[model] = int(value)
     return caps
@@ -91,7 +92,7 @@ def _first_trial(parser: argparse.ArgumentParser) -> None:
 
 
 def _common(parser: argparse.ArgumentParser, default_q: int, default_init: int) -> None:
-    models = _choices_list((*SURROGATES, "auto"), "model")
+    models = _choices_list((*registered_models(), "auto"), "model")
     parser.add_argument(
         "--models",
         type=models,
@@ -200,14 +201,21 @@ def _acquisition_options(args: argparse.Namespace) -> AcquisitionOptions:
 
 def _resolve_models(models: list[str], dim: int) -> list[str]:
     """``--models`` with ``auto`` replaced by the rule's model for ``dim`` inputs."""
-    resolved = [choose_surrogate(dim) if model == "auto" else model for model in models]
+    resolved = [choose_model(dim) if model == "auto" else model for model in models]
     return list(dict.fromkeys(resolved))  # auto may repeat a model also named
 
 
-def _model_options(args: argparse.Namespace) -> dict[str, dict]:
-    grid = {} if args.grid_size is None else {"grid_size": args.grid_size}
-    inducing = {} if args.num_inducing is None else {"num_inducing": args.num_inducing}
-    return {"wiski": dict(grid), "kissgp": dict(grid), "osvgp": inducing, "softki": inducing}
+def _model_options(args: argparse.Namespace, **defaults: Any) -> dict[str, dict]:
+    """Per-model options from the flags: each registered model gets those it takes.
+
+    ``defaults`` (e.g. ``grid_size=30``) apply where the flag is not given.
+    """
+    flags = {"grid_size": args.grid_size, "num_inducing": args.num_inducing}
+    given = {**defaults, **{k: v for k, v in flags.items() if v is not None}}
+    return {
+        name: {k: v for k, v in given.items() if k in get_model_spec(name).options}
+        for name in registered_models()
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -341,9 +349,7 @@ def _active(args: argparse.Namespace) -> None:
     pool_X, pool_Y, pool_Yvar, test_X, test_Y = malaria_pool_and_test(
         full=args.dataset == "malaria-full"
     )
-    options = _model_options(args)
-    options["wiski"].setdefault("grid_size", 30)
-    options["kissgp"].setdefault("grid_size", 30)
+    options = _model_options(args, grid_size=30)
     with _executor(args) as executor:
         results = run_active_experiment(
             pool_X,

@@ -58,7 +58,7 @@ def test_surrogate_restandardizes_on_all_data_at_each_refit(name, options):
     X0, Y0 = _data(5, gen, high=0.05)
     X1, Y1 = _data(100, gen)
     surrogate = make_surrogate(name, X0, Y0, **options)
-    assert surrogate.restandardize  # the loops' default: SingleTaskGP's specification
+    assert surrogate.options["restandardize"]  # the loops' default: SingleTaskGP's specification
     # Re-standardised outcomes have unit variance: BoTorch's unscaled kernel is the default
     # (and the models learn SingleTaskGP's constant mean).
     assert not isinstance(surrogate.model.covar_module, ScaleKernel)

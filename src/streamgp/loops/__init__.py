@@ -17,34 +17,26 @@ from streamgp.loops.stream import (
     dirichlet_targets,
     run_stream_experiment,
 )
-from streamgp.loops.surrogates import (
-    SURROGATES,
-    ExactSurrogate,
-    Surrogate,
-    WiskiSurrogate,
-    make_surrogate,
-)
+from streamgp.loops.surrogates import Surrogate, make_surrogate, surrogate_names
 
 __all__ = [
     "STREAM_MODELS",
-    "SURROGATES",
     "PAPER_FUNCTIONS",
     "TEST_FUNCTIONS",
     "AcquisitionOptions",
     "ActiveLearningLoop",
     "BayesOptLoop",
     "DaskExecutor",
-    "ExactSurrogate",
     "Executor",
     "ProcessExecutor",
     "SequentialExecutor",
     "StreamConfig",
     "StreamingLoop",
     "Surrogate",
-    "WiskiSurrogate",
     "dirichlet_targets",
     "make_executor",
     "make_surrogate",
     "make_test_function",
+    "surrogate_names",
     "run_stream_experiment",
 ]

@@ -29,7 +29,7 @@ from streamgp.loops.acquisition import (
     select_from_pool,
 )
 from streamgp.loops.base import Loop, Stopwatch
-from streamgp.loops.surrogates import SURROGATES, KernelFactory, make_surrogate
+from streamgp.loops.surrogates import KernelFactory, check_model_options, make_surrogate
 from streamgp.utils.validation import check_positive, check_tensor
 
 
@@ -111,8 +111,7 @@ class ActiveLearningLoop(Loop):
             if len(pool_Yvar) != len(pool_X):
                 raise ValueError("pool_Yvar must have one row per row of pool_X.")
             check_positive(pool_Yvar, "pool_Yvar")
-        if model not in SURROGATES:
-            raise ValueError(f"model must be one of {sorted(SURROGATES)}, got {model!r}.")
+        check_model_options(model, model_options)
         check_acquisition(acquisition, q, POOL_ACQUISITIONS)
         if num_init < 1 or num_init + q > len(pool_X):
             raise ValueError(

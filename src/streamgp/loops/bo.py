@@ -38,7 +38,7 @@ from streamgp.loops.acquisition import (
     optimize_in_unit_cube,
 )
 from streamgp.loops.base import Loop, Stopwatch
-from streamgp.loops.surrogates import SURROGATES, make_surrogate
+from streamgp.loops.surrogates import check_model_options, make_surrogate
 
 #: Test functions of the WISKI paper's BO experiments with their noise sd (appendix C.2).
 TEST_FUNCTIONS: dict[str, tuple[type[SyntheticTestFunction], float]] = {
@@ -92,7 +92,7 @@ class BayesOptLoop(Loop):
     Args:
         objective: A BoTorch ``SyntheticTestFunction`` to maximise (noisy through
             its ``noise_std``; the record uses its noiseless values).
-        model: Surrogate name (``"wiski"``, ``"exact"``, ...; see ``SURROGATES``).
+        model: Surrogate name (``"wiski"``, ``"exact"``, ...; see ``streamgp.models.registry``).
         acquisition: ``"qucb"``, ``"ei"`` (analytic, q=1), ``"qei"``, ``"qlogei"``,
             ``"qnipv"`` or ``"random"``.
         q: Batch size.
@@ -134,8 +134,7 @@ class BayesOptLoop(Loop):
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float64,
     ) -> None:
-        if model not in SURROGATES:
-            raise ValueError(f"model must be one of {sorted(SURROGATES)}, got {model!r}.")
+        check_model_options(model, model_options)
         check_acquisition(acquisition, q)
         if num_init < 1:
             raise ValueError(f"num_init must be >= 1, got {num_init}.")

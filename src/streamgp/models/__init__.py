@@ -11,6 +11,15 @@ from streamgp.models.softki import SoftKIGP
 from streamgp.models.svdgp import DecoupledSVGP
 from streamgp.models.wiski import WiskiGP
 
+# After the models: the registry's entries name them.
+from streamgp.models.registry import (  # noqa: E402  isort: skip
+    ModelSpec,
+    get_model_spec,
+    register_model,
+    registered_models,
+    unregister_model,
+)
+
 __all__ = [
     "AdditiveWiskiGP",
     "DecoupledSVGP",
@@ -18,9 +27,14 @@ __all__ = [
     "LearnedProjection",
     "ProjectedKernel",
     "LocalGP",
+    "ModelSpec",
     "OnlineSGPR",
     "OnlineSoftKIGP",
     "OnlineSVGP",
     "SoftKIGP",
     "WiskiGP",
+    "get_model_spec",
+    "register_model",
+    "registered_models",
+    "unregister_model",
 ]

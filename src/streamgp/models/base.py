@@ -65,7 +65,97 @@ def construct_inputs_with_options(
     return {**Model.construct_inputs.__func__(cls, training_data), **options}
 
 
-class StreamingModelMixin(PosteriorMixin):
+class CheckpointMixin:
+    r"""``checkpoint()`` / ``restore()``: a model's whole stream as a dict of tensors.
+
+    A model using it implements ``load_state_dict(state, keep_transforms=False)`` (load
+    everything ``state_dict()`` saved) and, for state held outside ``state_dict()``,
+    :meth:`_stream_state` and :meth:`_set_stream_state`.
+    """
+
+    def checkpoint(self) -> dict[str, Any]:
+        r"""Everything needed to resume this model's stream exactly.
+
+        ``state_dict()`` (hyperparameters, transforms, the data summaries) plus the
+        streaming state held outside it (e.g. a frozen old posterior, a replay set, the
+        last batch, random generators, the optimizer's moments). Tensors, numbers and
+        containers of them only, so ``torch.save`` writes it and
+        ``torch.load(path, weights_only=True)`` reads it. A model restored from it
+        predicts bit for bit as this one, and continues the stream as it would. It is a
+        snapshot: later updates of this model do not change it.
+
+        Example:
+            >>> import io
+            >>> from streamgp.models import WiskiGP
+            >>> X0 = torch.rand(20, 2, dtype=torch.float64)
+            >>> Y0 = torch.sin(6 * X0).sum(-1, keepdim=True)
+            >>> model = WiskiGP(X0, Y0, grid_size=16)
+            >>> X1 = torch.rand(5, 2, dtype=torch.float64)
+            >>> model = model.observe(X1, torch.sin(6 * X1).sum(-1, keepdim=True))
+            >>> file = io.BytesIO()  # or a path
+            >>> torch.save(model.checkpoint(), file)
+            >>> _ = file.seek(0)
+            >>> resumed = WiskiGP(X0, Y0, grid_size=16).restore(
+            ...     torch.load(file, weights_only=True))
+            >>> X_test = torch.rand(4, 2, dtype=torch.float64)
+            >>> torch.equal(resumed.posterior(X_test).mean, model.posterior(X_test).mean)
+            True
+        """
+        # A snapshot: torch's state_dict() and an optimizer's state share storage with
+        # the live tensors, which the next update changes in place.
+        return {
+            "model": type(self).__name__,
+            "state_dict": {k: v.detach().clone() for k, v in self.state_dict().items()},
+            "stream": copy.deepcopy(self._stream_state()),
+        }
+
+    def restore(self, checkpoint: dict[str, Any]) -> CheckpointMixin:
+        r"""Resume the stream saved by :meth:`checkpoint` (in place; returns the model).
+
+        The receiving model must be of the checkpoint's class (``checkpoint["model"]``,
+        checked first) and built with the same options (kernel, inducing-set size,
+        likelihood); whatever data it held are replaced. Atomic: a
+        checkpoint that does not fit raises and leaves the model as it was (torch's
+        ``load_state_dict`` alone would have loaded part of it before raising).
+        """
+        if not isinstance(checkpoint, dict) or not (
+            {"state_dict", "stream"} <= set(checkpoint) <= {"model", "state_dict", "stream"}
+        ):
+            keys = sorted(checkpoint) if isinstance(checkpoint, dict) else type(checkpoint)
+            raise ValueError(
+                "checkpoint must be a dict from model.checkpoint() with keys 'model', "
+                f"'state_dict' and 'stream'; got {keys}."
+            )
+        saved_class = checkpoint.get("model", type(self).__name__)  # older: no class
+        if saved_class != type(self).__name__:
+            raise ValueError(
+                f"checkpoint['model'] is {saved_class}: a {saved_class} checkpoint cannot be "
+                f"restored into a {type(self).__name__}; the model is unchanged."
+            )
+        _check_no_nan_state(checkpoint)
+        backup = self.checkpoint()
+        try:
+            self._load_checkpoint(checkpoint)
+        except BaseException:
+            self._load_checkpoint(backup)
+            raise
+        return self
+
+    def _load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.load_state_dict(checkpoint["state_dict"], keep_transforms=False)
+        # A copy: the model's later updates (an optimizer's in-place steps) must not
+        # change the checkpoint, which may be restored again.
+        self._set_stream_state(copy.deepcopy(checkpoint["stream"]))
+
+    def _stream_state(self) -> dict[str, Any]:
+        r"""Streaming state outside ``state_dict()`` (tensors and numbers only)."""
+        return {}
+
+    def _set_stream_state(self, state: dict[str, Any]) -> None:
+        r"""Inverse of :meth:`_stream_state`."""
+
+
+class StreamingModelMixin(CheckpointMixin, PosteriorMixin):
     r"""Fitting, warm-start and posterior plumbing shared by streamgp's models.
 
     A model lists it before its BoTorch base classes and gpytorch's ``GP`` (which
@@ -136,86 +226,6 @@ class StreamingModelMixin(PosteriorMixin):
         result = torch.nn.Module.load_state_dict(self, state_dict, strict=strict)
         self._after_warm_start()
         return result
-
-    def checkpoint(self) -> dict[str, Any]:
-        r"""Everything needed to resume this model's stream exactly.
-
-        ``state_dict()`` (hyperparameters, transforms, the data summaries) plus the
-        streaming state held outside it (e.g. a frozen old posterior, a replay set, the
-        last batch, random generators, the optimizer's moments). Tensors, numbers and
-        containers of them only, so ``torch.save`` writes it and
-        ``torch.load(path, weights_only=True)`` reads it. A model restored from it
-        predicts bit for bit as this one, and continues the stream as it would.
-
-        Example:
-            >>> import io
-            >>> from streamgp.models import WiskiGP
-            >>> X0 = torch.rand(20, 2, dtype=torch.float64)
-            >>> Y0 = torch.sin(6 * X0).sum(-1, keepdim=True)
-            >>> model = WiskiGP(X0, Y0, grid_size=16)
-            >>> X1 = torch.rand(5, 2, dtype=torch.float64)
-            >>> model = model.observe(X1, torch.sin(6 * X1).sum(-1, keepdim=True))
-            >>> file = io.BytesIO()  # or a path
-            >>> torch.save(model.checkpoint(), file)
-            >>> _ = file.seek(0)
-            >>> resumed = WiskiGP(X0, Y0, grid_size=16).restore(
-            ...     torch.load(file, weights_only=True))
-            >>> X_test = torch.rand(4, 2, dtype=torch.float64)
-            >>> torch.equal(resumed.posterior(X_test).mean, model.posterior(X_test).mean)
-            True
-        """
-        return {
-            "model": type(self).__name__,
-            "state_dict": self.state_dict(),
-            "stream": self._stream_state(),
-        }
-
-    def restore(self, checkpoint: dict[str, Any]) -> StreamingModelMixin:
-        r"""Resume the stream saved by :meth:`checkpoint` (in place; returns the model).
-
-        The receiving model must be of the checkpoint's class (``checkpoint["model"]``,
-        checked first) and built with the same options (kernel, inducing-set size,
-        likelihood); whatever data it held are replaced. Atomic: a
-        checkpoint that does not fit raises and leaves the model as it was (torch's
-        ``load_state_dict`` alone would have loaded part of it before raising).
-        """
-        if not isinstance(checkpoint, dict) or not (
-            {"state_dict", "stream"} <= set(checkpoint) <= {"model", "state_dict", "stream"}
-        ):
-            keys = sorted(checkpoint) if isinstance(checkpoint, dict) else type(checkpoint)
-            raise ValueError(
-                "checkpoint must be a dict from model.checkpoint() with keys 'model', "
-                f"'state_dict' and 'stream'; got {keys}."
-            )
-        saved_class = checkpoint.get("model", type(self).__name__)  # older: no class
-        if saved_class != type(self).__name__:
-            raise ValueError(
-                f"checkpoint['model'] is {saved_class}: a {saved_class} checkpoint cannot be "
-                f"restored into a {type(self).__name__}; the model is unchanged."
-            )
-        _check_no_nan_state(checkpoint)
-        own = self.checkpoint()
-        backup = {
-            "state_dict": {k: v.detach().clone() for k, v in own["state_dict"].items()},
-            "stream": copy.deepcopy(own["stream"]),
-        }
-        try:
-            self._load_checkpoint(checkpoint)
-        except BaseException:
-            self._load_checkpoint(backup)
-            raise
-        return self
-
-    def _load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self.load_state_dict(checkpoint["state_dict"], keep_transforms=False)
-        self._set_stream_state(checkpoint["stream"])
-
-    def _stream_state(self) -> dict[str, Any]:
-        r"""Streaming state outside ``state_dict()`` (tensors and numbers only)."""
-        return {}
-
-    def _set_stream_state(self, state: dict[str, Any]) -> None:
-        r"""Inverse of :meth:`_stream_state`."""
 
     def _prepare_state_load(self, state_dict: dict[str, Any]) -> None:
         r"""Resize data buffers to ``state_dict``'s before a checkpoint restore."""

@@ -134,7 +134,7 @@ from streamgp.linalg.love import DEFAULT_TOLERANCE, compress_root
 from streamgp.linalg.posterior_covariance import PosteriorCovariance
 from streamgp.linalg.structured import structured_grid_posterior
 from streamgp.linalg.woodbury import GridPosterior, LowRankCorrection, factorize
-from streamgp.models.base import construct_inputs_with_options
+from streamgp.models.base import CheckpointMixin, construct_inputs_with_options
 from streamgp.models.utils import (
     CachedPosteriorMixin,
     FrozenTransformsMixin,
@@ -200,6 +200,7 @@ class SKIKernel(GridInterpolationKernel):
 
 
 class KissGP(
+    CheckpointMixin,
     CachedPosteriorMixin,
     PosteriorMixin,
     FrozenTransformsMixin,
@@ -479,6 +480,29 @@ class KissGP(
         return super().load_state_dict(
             state_dict, strict=strict, keep_transforms=keep_transforms, assign=assign
         )
+
+    def _stream_state(self) -> dict[str, Any]:
+        # The (transformed) training data, exactly as held: replaying observe would
+        # re-transform the targets, which need not round alike.
+        noise = self.likelihood.noise.detach().clone() if self.fixed_noise else None
+        return {
+            "train_X": self.train_inputs[0].detach().clone(),
+            "train_y": self.train_targets.detach().clone(),
+            "noise": noise,
+        }
+
+    def _set_stream_state(self, state: dict[str, Any]) -> None:
+        X, y, noise = state["train_X"], state["train_y"], state["noise"]
+        like = self.train_inputs[0]
+        if X.dim() != 2 or X.shape[-1] != like.shape[-1] or y.shape != X.shape[:1]:
+            raise ValueError(
+                f"checkpoint['stream'] holds train_X {tuple(X.shape)} and train_y "
+                f"{tuple(y.shape)}; this model takes n x {like.shape[-1]} inputs, n targets."
+            )
+        fits = noise is None if not self.fixed_noise else noise.numel() == len(y)
+        if not fits:
+            raise ValueError("checkpoint['stream']['noise'] does not fit this model's likelihood.")
+        self._set_data(X.to(like), y.to(like), None if noise is None else noise.to(like))
 
     @staticmethod
     def _is_own_key(key: str) -> bool:

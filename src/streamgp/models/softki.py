@@ -679,6 +679,18 @@ class SoftKIGP(
         self._invalidate()
         return history
 
+    def _prepare_state_load(self, state_dict: dict[str, Any]) -> None:
+        # A checkpoint of other data: its training set and points may differ in size.
+        for name in ("train_X_t", "train_y_t"):
+            if name in state_dict:
+                setattr(self, name, torch.empty_like(state_dict[name]))
+        points = state_dict.get("inducing_points")
+        if points is not None and points.shape != self.inducing_points.shape:
+            self.inducing_points = torch.nn.Parameter(
+                torch.empty_like(points), requires_grad=self.inducing_points.requires_grad
+            )
+        self._clear_caches()
+
     # ------------------------------------------------------------ BoTorch API
     def _check_inputs(self, X: Tensor, name: str) -> None:
         check_tensor(

@@ -1,0 +1,100 @@
+"""The model registry: entries, options, capabilities, and every entry through the adapter."""
+
+import pytest
+import torch
+from botorch.models import SingleTaskGP
+
+from streamgp.loops.surrogates import Surrogate
+from streamgp.models.registry import (
+    CAPABILITIES,
+    ModelSpec,
+    choose_model,
+    get_model_spec,
+    register_model,
+    registered_models,
+    unregister_model,
+)
+
+DT = torch.float64
+#: Small settings per entry, so each runs in well under a second.
+SMALL = {
+    "wiski": {"grid_size": 8},
+    "wiski-additive": {"grid_size": 8},
+    "kissgp": {"grid_size": 8},
+    "softki": {"num_inducing": 16},
+    "osvgp": {"num_inducing": 8, "update_steps": 2, "fit_steps": 2},
+}
+
+
+def _data(n, seed=0, dim=2):
+    gen = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, dim, dtype=DT, generator=gen)
+    return X, torch.sin(6 * X).sum(-1, keepdim=True) + 0.1 * torch.randn(n, 1, generator=gen)
+
+
+def test_every_entry_is_a_complete_spec():
+    names = registered_models()
+    assert {"wiski", "wiski-additive", "kissgp", "softki", "osvgp", "exact"} <= set(names)
+    for name in names:
+        spec = get_model_spec(name)
+        assert spec.name == name and spec.summary
+        assert spec.capabilities <= set(CAPABILITIES)
+    # Capabilities are what the models do.
+    assert set(registered_models("fixed_noise")) >= {"wiski", "kissgp", "exact"}
+    assert "osvgp" not in registered_models("fixed_noise")
+    assert set(registered_models("high_dim")) >= {"wiski-additive", "softki"}
+    assert "exact" not in registered_models("constant_time_update")
+    assert get_model_spec("wiski").incremental and get_model_spec("wiski").checkpoints
+    assert not get_model_spec("exact").incremental
+
+
+@pytest.mark.parametrize("name", registered_models())
+def test_every_entry_runs_through_the_adapter_and_resumes_exactly(name):
+    # Build, absorb, refit, save, and restore into a fresh adapter: the restored one
+    # predicts as the saved one, and the next batch keeps them equal.
+    X, Y = _data(30)
+    options = SMALL.get(name, {})
+    surrogate = Surrogate(name, X[:10], Y[:10], **options)
+    surrogate.update(X[10:20], Y[10:20])
+    surrogate.fit(max_iter=3)
+    state = surrogate.state_dict()
+    resumed = Surrogate(name, X[:10], Y[:10], **options)
+    resumed.load_state_dict(state)
+    test_X = torch.rand(7, 2, dtype=DT)
+    for s in (surrogate, resumed):
+        s.update(X[20:], Y[20:])
+    means = [s.model.posterior(test_X).mean for s in (surrogate, resumed)]
+    assert torch.allclose(means[0], means[1], rtol=1e-9, atol=1e-9)
+    assert torch.isfinite(means[0]).all()
+
+
+def test_options_are_checked_against_the_entry():
+    X, Y = _data(8)
+    unknown = r"model_options \['grid_sise'\] are not options of 'wiski'"
+    with pytest.raises(ValueError, match=unknown):
+        Surrogate("wiski", X, Y, grid_sise=8)
+    with pytest.raises(ValueError, match="model must be one of"):
+        Surrogate("wisky", X, Y)
+    with pytest.raises(ValueError, match="osvgp: known observation noise"):
+        Surrogate("osvgp", X, Y, torch.full_like(Y, 0.01))
+    spec = get_model_spec("wiski")
+    assert spec.resolve_options({"grid_size": 5}) == {"grid_size": 5, "restandardize": True}
+
+
+def test_specs_are_validated_and_names_are_unique():
+    with pytest.raises(ValueError, match="capabilities"):
+        ModelSpec("x", SingleTaskGP, "x", frozenset({"telepathy"}))
+    with pytest.raises(TypeError, match="model_class"):
+        ModelSpec("x", dict, "x")
+    with pytest.raises(ValueError, match="is registered"):
+        register_model(ModelSpec("wiski", SingleTaskGP, "again"))
+    with pytest.raises(ValueError, match="model must be one of"):
+        unregister_model("not-a-model")
+    with pytest.raises(ValueError, match="capability must be one of"):
+        get_model_spec("wiski").supports("telepathy")
+
+
+def test_choose_model_follows_the_documented_rule():
+    assert [choose_model(d) for d in (1, 2, 3, 4, 20)] == ["wiski"] * 3 + ["wiski-additive"] * 2
+    with pytest.raises(ValueError, match="dim"):
+        choose_model(0)
