@@ -73,12 +73,22 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "osvgp": ("osvgp", {}),
     "osgpr": ("osgpr", {}),
     "osgpr-oips": ("osgpr", {"inducing": "oips"}),
-    "svdgp": ("svdgp", {"svdgp_mean_basis": 2048, "svdgp_covar_basis": 128}),
+    "svdgp": (
+        "svdgp",
+        {"model_options": {"svdgp": {"max_mean_basis": 2048, "max_covar_basis": 128}}},
+    ),
     "svdgp-exact-kl": (
         "svdgp",
-        {"svdgp_mean_basis": 2048, "svdgp_covar_basis": 128, "svdgp_kl_columns": 2048},
+        {
+            "model_options": {
+                "svdgp": {"max_mean_basis": 2048, "max_covar_basis": 128, "kl_columns": 2048}
+            }
+        },
     ),
-    "svgp": ("svdgp", {"svdgp_mean_basis": 256, "svdgp_covar_basis": 256}),
+    "svgp": (
+        "svdgp",
+        {"model_options": {"svdgp": {"max_mean_basis": 256, "max_covar_basis": 256}}},
+    ),
     "local": ("local", {}),
 }
 #: The equal-time comparison.

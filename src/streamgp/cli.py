@@ -56,9 +56,10 @@ def _max_steps(text: str) -> dict[str, int]:
     caps = {}
     for item in text.split(","):
         model, _, value = item.partition("=")
-        if model not in registered_models() or not value.isdigit():
+        if model not in registered_models(loop="bo") or not value.isdigit():
             raise argparse.ArgumentTypeError(
-                f"expected model=N with model in {sorted(registered_models())}, got {item!r}"
+                f"expected model=N with model in {sorted(registered_models(loop='bo'))}, "
+                f"got {item!r}"
             )
         caps[model] = int(value)
     return caps
@@ -92,7 +93,7 @@ def _first_trial(parser: argparse.ArgumentParser) -> None:
 
 
 def _common(parser: argparse.ArgumentParser, default_q: int, default_init: int) -> None:
-    models = _choices_list((*registered_models(), "auto"), "model")
+    models = _choices_list((*registered_models(loop="bo"), "auto"), "model")
     parser.add_argument(
         "--models",
         type=models,
@@ -214,7 +215,7 @@ def _model_options(args: argparse.Namespace, **defaults: Any) -> dict[str, dict]
     given = {**defaults, **{k: v for k, v in flags.items() if v is not None}}
     return {
         name: {k: v for k, v in given.items() if k in get_model_spec(name).options}
-        for name in registered_models()
+        for name in registered_models(loop="bo")
     }
 
 
@@ -255,8 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(active, default_q=6, default_init=10)
 
-    from streamgp.loops.stream import STREAM_MODELS
-
+    stream_models = registered_models(loop="stream")
     stream = commands.add_parser(
         "stream", help="online regression / classification protocol (WISKI paper section 5)"
     )
@@ -264,9 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     stream.add_argument("--data-dir", default=None, help="default: $STREAMGP_DATA or the cache")
     stream.add_argument(
         "--models",
-        type=_choices_list(STREAM_MODELS, "model"),
+        type=_choices_list(stream_models, "model"),
         default=["wiski", "exact"],
-        help=f"comma-separated, from {','.join(STREAM_MODELS)}",
+        help=f"comma-separated, from {','.join(stream_models)}",
     )
     stream.add_argument("--trials", type=_positive_int, default=1, help="number of trials")
     _first_trial(stream)
@@ -389,7 +389,6 @@ def _stream(args: argparse.Namespace) -> None:
 
     from streamgp import datasets
     from streamgp.loops.stream import (
-        CLASSIFICATION_MODELS,
         StreamConfig,
         StreamSplits,
         run_stream_experiment,
@@ -416,11 +415,12 @@ def _stream(args: argparse.Namespace) -> None:
     except (ValueError, FileNotFoundError) as error:
         raise SystemExit(f"{prefix} {error}") from None
     if spec.task == "classification":
-        unsupported = [m for m in args.models if m not in CLASSIFICATION_MODELS]
+        classifiers = registered_models("classification", loop="stream")
+        unsupported = [m for m in args.models if m not in classifiers]
         if unsupported:
             raise SystemExit(
                 f"{prefix} {spec.name} is a classification dataset; models {unsupported} "
-                f"have no classification variant (choose from {', '.join(CLASSIFICATION_MODELS)})"
+                f"have no classification variant (choose from {', '.join(classifiers)})"
             )
     with _executor(args) as executor:
         results = run_stream_experiment(

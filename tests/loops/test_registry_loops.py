@@ -11,8 +11,10 @@ from gpytorch.means import ConstantMean
 from gpytorch.models import ExactGP
 
 from streamgp.cli import main
+from streamgp.datasets import make_streaming_split, synthetic_regression
 from streamgp.loops import AcquisitionOptions, ActiveLearningLoop, BayesOptLoop, make_test_function
-from streamgp.models.registry import ModelSpec, register_model, unregister_model
+from streamgp.loops.stream import StreamConfig, StreamingLoop
+from streamgp.models.registry import ModelSpec, StreamRecipe, register_model, unregister_model
 
 DT = torch.float64
 
@@ -22,9 +24,19 @@ class TinyGP(ExactGP, GPyTorchModel, FantasizeMixin):
 
     _num_outputs = 1
 
-    def __init__(self, train_X, train_Y, train_Yvar=None, *, covar_module=None, nu=2.5):
-        super().__init__(train_X, train_Y.squeeze(-1), GaussianLikelihood())
-        self.mean_module = ConstantMean()
+    def __init__(
+        self,
+        train_X,
+        train_Y,
+        train_Yvar=None,
+        likelihood=None,
+        covar_module=None,
+        *,
+        mean_module=None,
+        nu=2.5,
+    ):
+        super().__init__(train_X, train_Y.squeeze(-1), likelihood or GaussianLikelihood())
+        self.mean_module = mean_module or ConstantMean()
         self.covar_module = covar_module or ScaleKernel(MaternKernel(nu=nu))
         self.to(train_X)
 
@@ -32,9 +44,18 @@ class TinyGP(ExactGP, GPyTorchModel, FantasizeMixin):
         return MultivariateNormal(self.mean_module(X), self.covar_module(X))
 
 
+def _tiny_under_the_protocol(X, Y, Yvar, *, protocol, reuse, nu):
+    # A rebuild on all data keeps the modules, so the protocol's Adam state carries over.
+    if reuse is None:
+        return TinyGP(X, Y, nu=nu)
+    modules = {"likelihood": reuse.likelihood, "covar_module": reuse.covar_module}
+    return TinyGP(X, Y, mean_module=reuse.mean_module, **modules)
+
+
 @pytest.fixture
 def tiny():
-    register_model(ModelSpec("tiny", TinyGP, "a test's own GP", options={"nu": 2.5}))
+    recipe = StreamRecipe(_tiny_under_the_protocol, options={"nu": 2.5})
+    register_model(ModelSpec("tiny", TinyGP, "a test's own GP", options={"nu": 2.5}, stream=recipe))
     yield "tiny"
     unregister_model("tiny")
 
@@ -98,3 +119,43 @@ def test_unknown_model_options_are_refused_before_the_loop_starts(tiny):
         ValueError, match=r"model_options \['grid_size'\] are not options of 'tiny'"
     ):
         BayesOptLoop(make_test_function("levy", dim=2), model=tiny, model_options={"grid_size": 8})
+
+
+def test_a_registered_model_runs_the_streaming_protocol_and_resumes(tiny, tmp_path):
+    split = make_streaming_split(synthetic_regression(200, 2, seed=0), seed=0)
+    config = StreamConfig(pretrain_steps=10, model_options={tiny: {"nu": 1.5}})
+
+    def loop():
+        return StreamingLoop(split, tiny, config=config, num_evals=2, max_stream=6)
+
+    full = loop().run()
+    assert full["num_observations"].iloc[-1] == split.num_pretrain + 6
+    assert full["test_rmse"].dropna().iloc[-1] < 0.8  # it learned the function
+    loop().run(2, checkpoint=tmp_path / "stream.pt")
+    rest = loop().load(tmp_path / "stream.pt").run()
+    columns = ["num_observations", "test_rmse", "test_nll"]
+    assert rest[columns].equals(full[columns])
+    # The options reached the model; its protocol options are checked by name.
+    assert loop().learner is None
+    with pytest.raises(ValueError, match="not protocol options of 'tiny'"):
+        StreamConfig(model_options={tiny: {"grid_size": 8}})
+
+
+def test_the_loops_reach_models_only_through_the_registry_and_their_public_api():
+    # Layering: nothing under streamgp/loops imports the models' internals.
+    import ast
+    from pathlib import Path
+
+    import streamgp.loops
+
+    forbidden = ("streamgp.inducing", "streamgp.linalg", "streamgp.models.utils")
+    offenders = []
+    for path in Path(streamgp.loops.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            offenders += [f"{path.name}: {n}" for n in names if n.startswith(forbidden)]
+    assert offenders == []

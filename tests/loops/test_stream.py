@@ -20,10 +20,10 @@ from streamgp.datasets import (
 )
 from streamgp.inducing import OnlineInducingPointSelector
 from streamgp.loops.stream import (
-    ProjectedExactLearner,
+    STREAM_MODELS,
+    Learner,
     StreamConfig,
     StreamingLoop,
-    WiskiLearner,
     classification_metrics,
     dirichlet_probabilities,
     dirichlet_targets,
@@ -37,6 +37,7 @@ from streamgp.mlls import WoodburyMarginalLogLikelihood
 from streamgp.models import DecoupledSVGP, ProjectedKernel
 
 FAST = StreamConfig(pretrain_steps=15, num_inducing=16, grid_size=10)
+SMALL_SVDGP = {"max_mean_basis": 30, "max_covar_basis": 8, "minibatch_size": 16}
 
 
 def _regression_split(n=240, d=2, seed=0):
@@ -104,7 +105,7 @@ def test_classification_metrics():
 def _projected_learner():
     split = _regression_split(200, d=5)
     config = StreamConfig(pretrain_steps=3, grid_size=10, lr=0.05)
-    learner = WiskiLearner(split.pretrain_X, split.pretrain_Y, None, config)
+    learner = Learner("wiski", split.pretrain_X, split.pretrain_Y, None, config)
     return learner, split
 
 
@@ -145,7 +146,7 @@ def test_streaming_loss_is_the_mll_after_absorbing_with_old_weights_frozen():
     learner, split = _projected_learner()
     X, Y = split.online_X[:2], split.online_Y[:2]
     before = {k: v.clone() for k, v in _grid_statistics(learner.models[0]).items()}
-    loss = learner._streaming_loss(X, Y, None)
+    loss = learner.streaming_loss(X, Y, None)
     for key, value in _grid_statistics(learner.models[0]).items():  # nothing mutated
         assert torch.equal(value, before[key])
     oracle = copy.deepcopy(learner.models[0])
@@ -160,8 +161,8 @@ def test_streaming_loss_is_the_mll_after_absorbing_with_old_weights_frozen():
 def test_exact_projected_is_an_exact_gp_on_recomputed_projected_features():
     split = _regression_split(200, d=5)
     config = StreamConfig(pretrain_steps=5, lr=0.05)
-    learner = ProjectedExactLearner(split.pretrain_X, split.pretrain_Y, None, config)
-    projection = learner.covar_module.projection
+    learner = Learner("exact-projected", split.pretrain_X, split.pretrain_Y, None, config)
+    projection = learner.model.covar_module.projection
     assert not projection.training  # calibrated running statistics from here on
     running = projection.batch_norm.running_mean.clone()
     old_phi = [p.detach().clone() for p in projection.parameters()]
@@ -175,9 +176,9 @@ def test_exact_projected_is_an_exact_gp_on_recomputed_projected_features():
         oracle = SingleTaskGP(
             features,
             torch.cat([split.pretrain_Y, Y]),
-            covar_module=learner.covar_module.base_kernel,
-            mean_module=learner.mean_module,
-            likelihood=learner.likelihood,
+            covar_module=learner.model.covar_module.base_kernel,
+            mean_module=learner.model.mean_module,
+            likelihood=learner.model.likelihood,
             outcome_transform=None,
         ).eval()
         posterior = oracle.posterior(projection(split.test_X[:20]), observation_noise=True)
@@ -186,8 +187,8 @@ def test_exact_projected_is_an_exact_gp_on_recomputed_projected_features():
     torch.testing.assert_close(variance, posterior.variance)
     # Without a projection (d <= 3, as WISKI) it is the plain exact GP.
     low = _regression_split(100, d=2)
-    plain = ProjectedExactLearner(low.pretrain_X, low.pretrain_Y, None, config)
-    assert not isinstance(plain.covar_module, ProjectedKernel)
+    plain = Learner("exact-projected", low.pretrain_X, low.pretrain_Y, None, config)
+    assert not isinstance(plain.model.covar_module, ProjectedKernel)
 
 
 # ---------------------------------------------------------------- the loop
@@ -212,7 +213,7 @@ def test_protocol_end_to_end_on_synthetic_regression(model):
 
 def test_svdgp_grows_its_bases_and_takes_one_step_per_arrival():
     split = _regression_split()
-    config = replace(FAST, svdgp_mean_basis=30, svdgp_covar_basis=8, svdgp_minibatch=16)
+    config = replace(FAST, model_options={"svdgp": SMALL_SVDGP})
     loop = StreamingLoop(split, "svdgp", config=config, num_evals=2, max_stream=20)
     loop.run(1)  # pretraining and the first arrival
     model = loop.learner.model
@@ -227,7 +228,11 @@ def test_svdgp_grows_its_bases_and_takes_one_step_per_arrival():
     assert model.mean_weights.shape == (split.num_pretrain + 1,)
     assert model.optimizer_kwargs["lr"] == FAST.lr
     assert model.minibatch_size == model.kl_columns == 16  # the paper's estimator
-    exact_kl = StreamingLoop(split, "svdgp", config=replace(config, svdgp_kl_columns=30))
+    exact_kl = StreamingLoop(
+        split,
+        "svdgp",
+        config=replace(config, model_options={"svdgp": {**SMALL_SVDGP, "kl_columns": 30}}),
+    )
     exact_kl.run(0)
     assert exact_kl.learner.model.kl_columns == 30
     history = loop.run()
@@ -243,7 +248,7 @@ def test_svdgp_grows_its_bases_and_takes_one_step_per_arrival():
 def test_svdgp_checkpoint_resume_matches_an_uninterrupted_run(tmp_path):
     # The model's own generator (minibatches, reservoir) is part of the checkpoint.
     split = _regression_split()
-    config = replace(FAST, svdgp_mean_basis=30, svdgp_covar_basis=8, svdgp_minibatch=16)
+    config = replace(FAST, model_options={"svdgp": SMALL_SVDGP})
     kwargs = {"config": config, "num_evals": 2, "max_stream": 10}
     full = StreamingLoop(split, "svdgp", **kwargs).run()
     StreamingLoop(split, "svdgp", **kwargs).run(4, checkpoint=tmp_path / "svdgp.pt")
@@ -335,10 +340,14 @@ def test_loop_rejects_bad_arguments():
         StreamConfig(inducing="kmeans")
     with pytest.raises(ValueError, match="oips_rho must be in"):
         StreamConfig(oips_rho=1.0)
-    with pytest.raises(ValueError, match="svdgp_covar_basis must be a positive int"):
-        StreamConfig(svdgp_covar_basis=0)
-    with pytest.raises(ValueError, match="svdgp_kl_columns must be a positive int or None"):
-        StreamConfig(svdgp_kl_columns=0)
+    # Per-model options are the registry's, checked by name when the config is made.
+    unknown = r"model_options\['svdgp'\] \['covar_basis'\] are not protocol options of 'svdgp'"
+    with pytest.raises(ValueError, match=unknown):
+        StreamConfig(model_options={"svdgp": {"covar_basis": 8}})
+    with pytest.raises(ValueError, match="'kissgp', which the protocol does not run"):
+        StreamConfig(model_options={"kissgp": {"grid_size": 8}})
+    with pytest.raises(ValueError, match="model must be one of"):
+        StreamConfig(model_options={"nope": {}})
 
 
 def test_experiment_writes_curves_plot_and_summary(tmp_path):
@@ -442,7 +451,7 @@ def test_protocol_on_powerplant_with_a_small_cap(shared_data):
         if model == "wiski":
             assert loop.learner.projection is not None
         if model == "exact-projected":
-            assert isinstance(loop.learner.covar_module, ProjectedKernel)
+            assert isinstance(loop.learner.model.covar_module, ProjectedKernel)
 
 
 # ---------------------------------------------------------------- command line
@@ -514,3 +523,41 @@ def test_softki_streams_on_all_inputs_and_tracks_the_exact_gp(tmp_path):
     rest = StreamingLoop(split, "softki", **kwargs).load(tmp_path / "softki.pt").run()
     columns = ["num_observations", "test_rmse", "test_nll"]
     pd.testing.assert_frame_equal(rest[columns], full[columns])
+
+
+# ---------------------------------------------------------------- checkpoints
+@pytest.mark.parametrize("model", list(STREAM_MODELS))
+def test_every_model_resumes_from_a_tensor_only_checkpoint(model, tmp_path):
+    # The learner's state is each model's own checkpoint (or the data and a state_dict),
+    # the projection and the optimizer: read back with weights_only=True, the resumed
+    # run is the uninterrupted one.
+    split = _regression_split(200, d=4)  # d > 3: WISKI and exact-projected project
+    options = {"svdgp": SMALL_SVDGP, "local": {"n_max": 16}}
+    config = replace(FAST, pretrain_steps=5, model_options=options)
+    kwargs = {"config": config, "num_evals": 2, "max_stream": 6, "batch_size": 2}
+    full = StreamingLoop(split, model, **kwargs).run()
+    StreamingLoop(split, model, **kwargs).run(1, checkpoint=tmp_path / "run.pt")
+    payload = torch.load(tmp_path / "run.pt", weights_only=True)
+    assert payload["state"]["learner"]["model"] == model
+    rest = StreamingLoop(split, model, **kwargs).load(tmp_path / "run.pt").run()
+    columns = ["num_observations", "test_rmse", "test_nll"]
+    pd.testing.assert_frame_equal(rest[columns], full[columns])
+
+
+def test_a_loop_checkpoint_that_is_not_tensors_and_plain_types_is_refused(tmp_path):
+    split = _regression_split()
+    loop = StreamingLoop(split, "wiski", config=FAST, num_evals=1, max_stream=2)
+    loop.run(1, checkpoint=tmp_path / "run.pt")
+    payload = torch.load(tmp_path / "run.pt", weights_only=True)
+    payload["state"]["extra"] = pd.DataFrame({"a": [1]})  # a pickled object: code on unpickling
+    torch.save(payload, tmp_path / "tampered.pt")
+    with pytest.raises(ValueError, match="tampered.pt' cannot be read as a streamgp loop"):
+        StreamingLoop(split, "wiski", config=FAST, num_evals=1, max_stream=2).load(
+            tmp_path / "tampered.pt"
+        )
+    data = (tmp_path / "run.pt").read_bytes()
+    (tmp_path / "truncated.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="truncated.pt' cannot be read"):
+        StreamingLoop(split, "wiski", config=FAST, num_evals=1, max_stream=2).load(
+            tmp_path / "truncated.pt"
+        )

@@ -190,6 +190,8 @@ class Loop(ABC):
         r"""Write a checkpoint (atomically: a crash never leaves a truncated file)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        # Tensors and plain types only: ``load`` reads it with ``weights_only=True``, so a
+        # checkpoint file can never run code when a run is resumed.
         payload = {
             "config": self.config(),
             "history": self.history,
@@ -203,7 +205,17 @@ class Loop(ABC):
 
     def load(self, path: str | Path) -> Loop:
         r"""Resume from a checkpoint written by a loop built with the same settings."""
-        payload = torch.load(Path(path), map_location=self.device, weights_only=False)
+        try:
+            payload = torch.load(Path(path), map_location=self.device, weights_only=True)
+        except FileNotFoundError:
+            raise
+        except Exception as error:  # truncated, corrupted, or holding pickled objects
+            raise ValueError(
+                f"checkpoint {str(path)!r} cannot be read as a streamgp loop checkpoint "
+                f"(tensors and plain types only): {type(error).__name__}: {error}"
+            ) from error
+        if not isinstance(payload, dict) or not {"config", "history", "rng"} <= set(payload):
+            raise ValueError(f"checkpoint {str(path)!r} is not a streamgp loop checkpoint.")
         if payload["config"] != self.config():
             raise ValueError(
                 f"checkpoint {str(path)!r} was written with settings {payload['config']}, "

@@ -80,6 +80,9 @@ class Surrogate:
         **options: Any,
     ) -> None:
         self.spec = get_model_spec(name)
+        if not self.spec.loops:
+            choices = list(registered_models(loop="bo"))
+            raise ValueError(f"model must be one of {choices}, got {name!r}.")
         self.name = name
         self.options = self.spec.resolve_options(options)
         self.fixed_noise = train_Yvar is not None
@@ -175,12 +178,15 @@ def make_surrogate(
 
 
 def surrogate_names() -> tuple[str, ...]:
-    r"""The names the loops accept: every registered model."""
-    return registered_models()
+    r"""The names the BO and active-learning loops accept (registered now)."""
+    return registered_models(loop="bo")
 
 
 def check_model_options(name: str, options: dict[str, Any] | None) -> None:
     r"""Refuse, before a loop starts, a model that is not registered or an option it
     does not take (``kernel_factory`` is the loops' own)."""
     options = {k: v for k, v in (options or {}).items() if k != "kernel_factory"}
-    get_model_spec(name).resolve_options(options)
+    spec = get_model_spec(name)
+    if not spec.loops:
+        raise ValueError(f"model must be one of {list(surrogate_names())}, got {name!r}.")
+    spec.resolve_options(options)

@@ -48,11 +48,14 @@ from botorch.models import SingleTaskGP
 from botorch.models.model import Model
 from botorch.models.transforms.outcome import Standardize
 from botorch.models.utils.gpytorch_modules import get_covar_module_with_dim_scaled_prior
-from gpytorch.kernels import Kernel, ScaleKernel
+from gpytorch.kernels import Kernel, RBFKernel, ScaleKernel
+from gpytorch.likelihoods import BernoulliLikelihood, GaussianLikelihood
+from gpytorch.means import ConstantMean, ZeroMean
 from gpytorch.mlls import ExactMarginalLogLikelihood
 from torch import Tensor
 from torch.quasirandom import SobolEngine
 
+from streamgp.inducing import OnlineInducingPointSelector
 from streamgp.mlls import WoodburyMarginalLogLikelihood
 from streamgp.models.additive_wiski import AdditiveWiskiGP
 from streamgp.models.kissgp import KissGP
@@ -60,6 +63,7 @@ from streamgp.models.local_gp import LocalGP
 from streamgp.models.online_softki import OnlineSoftKIGP
 from streamgp.models.osgpr import OnlineSGPR
 from streamgp.models.osvgp import OnlineSVGP
+from streamgp.models.projection import LearnedProjection, ProjectedKernel
 from streamgp.models.softki import SoftKIGP
 from streamgp.models.svdgp import DecoupledSVGP
 from streamgp.models.wiski import WiskiGP
@@ -69,6 +73,7 @@ __all__ = [
     "CAPABILITIES",
     "MAX_PRODUCT_GRID_DIM",
     "ModelSpec",
+    "StreamRecipe",
     "choose_model",
     "get_model_spec",
     "refit_marginal_likelihood",
@@ -125,6 +130,75 @@ def refit_marginal_likelihood(
     model.eval()
 
 
+#: How the streaming protocol trains a model: ``"adam"`` (the protocol's Adam steps on
+#: the model's objective), ``"model"`` (the model's own steps, in its constructor or
+#: ``observe``), ``"frozen"`` (none: ``observe`` only).
+TRAINING_MODES = ("adam", "model", "frozen")
+#: Where the protocol's learned projection goes when it is on: ``"none"``, in front of
+#: the model (``"features"``: absorbed at arrival, the WISKI paper's eq. 18) or inside
+#: its kernel (``"kernel"``: recomputed for all data).
+PROJECTION_PLACES = ("none", "features", "kernel")
+
+
+@dataclass(frozen=True)
+class StreamRecipe:
+    r"""How the streaming protocol (``streamgp stream``, WISKI paper section 5) runs a model.
+
+    The protocol pretrains on the first batch, then absorbs each arrival and trains for
+    one step, and predicts the test set; this says how, for one registry entry.
+
+    Attributes:
+        build: ``(X, Y, Yvar, *, protocol, reuse, **options) -> Model``. ``protocol``
+            holds the protocol's settings (``pretrain_steps``, ``pretrain_lr``, ``lr``,
+            ``grid_size``, ``grid_margin``, ``num_inducing``, ``inducing``, ``oips_rho``,
+            ``project``, ``projection_dim``, ``classification``); ``reuse`` is the model
+            being rebuilt (its modules are kept, so the optimizer's state carries over),
+            or ``None``.
+        pretraining: One of :data:`TRAINING_MODES` for the first batch.
+        online: One of :data:`TRAINING_MODES` for each arrival.
+        per_output: One model per output column (the classes of Dirichlet targets).
+        projection: One of :data:`PROJECTION_PLACES`.
+        capped: The protocol's ``exact_max`` caps its observations (``O(n^3)`` models).
+        after_pretraining: ``(model, X, Y, Yvar, *, protocol, **options) -> Model``: the
+            model to stream with, from the pretrained one (``None``: the same). Both hooks
+            receive every option of the recipe.
+        options: The entry's own protocol options, with their defaults
+            (``StreamConfig.model_options[name]`` overrides them).
+    """
+
+    build: Builder
+    pretraining: str = "adam"
+    online: str = "adam"
+    per_output: bool = False
+    projection: str = "none"
+    capped: bool = False
+    after_pretraining: Callable[..., Model] | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("pretraining", "online"):
+            value = getattr(self, name)
+            if value not in TRAINING_MODES:
+                raise ValueError(f"{name} must be one of {TRAINING_MODES}, got {value!r}.")
+        if self.projection not in PROJECTION_PLACES:
+            raise ValueError(
+                f"projection must be one of {PROJECTION_PLACES}, got {self.projection!r}."
+            )
+        object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+
+    def resolve_options(self, name: str, options: Mapping[str, Any] | None) -> dict[str, Any]:
+        r"""The recipe's options overridden by ``options``; unknown names are refused."""
+        options = dict(options or {})
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            known = ", ".join(sorted(self.options)) or "none"
+            raise ValueError(
+                f"model_options[{name!r}] {unknown} are not protocol options of {name!r} "
+                f"(its options: {known})."
+            )
+        return {**self.options, **options}
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     r"""One registry entry: a model class and how the loops build and refit it.
@@ -138,7 +212,10 @@ class ModelSpec:
             An option not listed here is refused, naming it.
         build: How to build the model (``None``: the generic rule, see the module).
         refit: How to refit it (``None``: :func:`refit_marginal_likelihood`).
-        mll_class: The marginal likelihood of the generic refit.
+        mll_class: The marginal likelihood of the generic refit (and of the streaming
+            protocol's Adam steps).
+        stream: How the streaming protocol runs it (``None``: it does not).
+        loops: Whether the BO and active-learning loops offer it.
 
     Example:
         >>> from botorch.models import SingleTaskGP
@@ -155,6 +232,8 @@ class ModelSpec:
     build: Builder | None = None
     refit: Refitter | None = None
     mll_class: type = ExactMarginalLogLikelihood
+    stream: StreamRecipe | None = None
+    loops: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -273,10 +352,21 @@ def get_model_spec(name: str) -> ModelSpec:
     return _REGISTRY[name]
 
 
-def registered_models(capability: str | None = None) -> tuple[str, ...]:
-    r"""The registered names, in registration order (only those with ``capability``)."""
+def registered_models(capability: str | None = None, *, loop: str | None = None) -> tuple[str, ...]:
+    r"""The registered names, in registration order.
+
+    Args:
+        capability: Only the entries that declare it.
+        loop: Only the entries that ``"bo"`` (the BO and active-learning loops) or
+            ``"stream"`` (the streaming protocol) runs.
+    """
+    if loop not in (None, "bo", "stream"):
+        raise ValueError(f"loop must be None, 'bo' or 'stream', got {loop!r}.")
     return tuple(
-        name for name, spec in _REGISTRY.items() if capability is None or spec.supports(capability)
+        name
+        for name, spec in _REGISTRY.items()
+        if (capability is None or spec.supports(capability))
+        and (loop is None or (spec.loops if loop == "bo" else spec.stream is not None))
     )
 
 
@@ -436,6 +526,199 @@ def _build_exact(train_X, train_Y, train_Yvar, *, covar_module) -> Model:
     )
 
 
+# ------------------------------------------------------- the streaming protocol's builds
+# The WISKI paper's section 5: every model with an RBF-ARD kernel under gpytorch's
+# softplus-transformed constraints (so plain Adam steps cannot leave the parameters'
+# domain), a zero prior mean where the model's default is a learned constant, and no
+# outcome transform: the protocol standardises every data set itself.
+
+
+def _rbf_ard(dim: int, batch_shape: torch.Size | None = None) -> ScaleKernel:
+    batch_shape = torch.Size() if batch_shape is None else batch_shape
+    return ScaleKernel(
+        RBFKernel(ard_num_dims=dim, batch_shape=batch_shape), batch_shape=batch_shape
+    )
+
+
+def _oips(protocol: Mapping[str, Any], kernel: Kernel) -> OnlineInducingPointSelector | None:
+    # OIPS on the model's own kernel, so acceptance follows the learned lengthscales.
+    if protocol["inducing"] != "oips":
+        return None
+    return OnlineInducingPointSelector(
+        kernel, protocol["oips_rho"], max_size=protocol["num_inducing"]
+    )
+
+
+def _stream_wiski(X, Y, Yvar, *, protocol, reuse) -> Model:
+    r"""WISKI on a fixed grid over ``[-1 - margin, 1 + margin]^d`` (standardised inputs)."""
+    fixed_noise = Yvar is not None
+    dim = X.shape[-1]
+    covar_module = _rbf_ard(dim).to(X) if reuse is None else reuse.covar_module
+    likelihood = None
+    if not fixed_noise:
+        likelihood = GaussianLikelihood().to(X) if reuse is None else reuse.likelihood
+    bounds = torch.full((2, dim), 1.0 + protocol["grid_margin"]).to(X)
+    bounds[0] = -bounds[0]
+    return WiskiGP(
+        X,
+        Y,
+        Yvar,
+        grid_size=protocol["grid_size"],
+        grid_bounds=bounds,
+        covar_module=covar_module,
+        likelihood=likelihood,
+        # Fixed-noise Dirichlet targets are far from zero mean: standardise them (frozen
+        # after pretraining), as the zero prior mean needs.
+        outcome_transform=Standardize(m=1) if fixed_noise else None,
+        mean_module=ZeroMean(),
+    )
+
+
+def _stream_softki(X, Y, Yvar, *, protocol, reuse) -> Model:
+    r"""Online SoftKI: SoftKI's Algorithm 1 on the first batch learns ``num_inducing``
+    points, the temperature, the kernel and the noise; points and temperature then stay."""
+    fixed_noise = Yvar is not None
+    return OnlineSoftKIGP(
+        X,
+        Y,
+        Yvar,
+        likelihood=None if fixed_noise else GaussianLikelihood().to(X),
+        covar_module=_rbf_ard(X.shape[-1]).to(X),
+        outcome_transform=Standardize(m=1) if fixed_noise else None,  # as for WISKI
+        mean_module=ZeroMean(),
+        num_inducing=min(protocol["num_inducing"], len(X)),
+        pretrain_epochs=protocol["pretrain_steps"],
+        pretrain_options={"lr": protocol["pretrain_lr"]},
+    )
+
+
+def _stream_exact(X, Y, Yvar, *, protocol, reuse, **_: Any) -> Model:
+    r"""``SingleTaskGP`` on all data so far; ``C > 1`` outputs form one batched model (one
+    GP per class, each with its own hyperparameters). A rebuild keeps the kernel, mean and
+    learned likelihood modules, so the Adam state carries over. With ``project`` the
+    kernel holds the learned projection (recomputed for all data at every step)."""
+    if reuse is not None:
+        learned = reuse.likelihood if Yvar is None else None
+        covar_module, mean_module, likelihood = reuse.covar_module, reuse.mean_module, learned
+    else:
+        num_outputs = Y.shape[-1]
+        batch = torch.Size([num_outputs]) if num_outputs > 1 else torch.Size()
+        dim = X.shape[-1]
+        projection = None
+        if protocol["project"]:
+            projection = LearnedProjection(dim, protocol["projection_dim"]).to(X)
+            dim = protocol["projection_dim"]
+        covar_module = _rbf_ard(dim, batch).to(X)
+        if projection is not None:
+            covar_module = ProjectedKernel(covar_module, projection)
+        mean_module = ConstantMean(batch_shape=batch).to(X)
+        likelihood = None if Yvar is not None else GaussianLikelihood().to(X)
+    return SingleTaskGP(
+        X,
+        Y,
+        Yvar,
+        covar_module=covar_module,
+        mean_module=mean_module,
+        likelihood=likelihood,
+        outcome_transform=None,
+    )
+
+
+def _calibrate_kernel_projection(model, X, Y, Yvar, *, protocol, **_: Any) -> Model:
+    r"""As WISKI's: batch statistics while pretraining, then the running statistics of the
+    pretraining set (a single arrival has no batch statistics)."""
+    kernel = model.covar_module
+    if isinstance(kernel, ProjectedKernel):
+        kernel.projection.calibrate(X)
+        kernel.freeze_normalization = True
+        kernel.train(False)
+    return model
+
+
+def _local_from_exact(model, X, Y, Yvar, *, protocol, w_gen, n_max) -> Model:
+    r"""Local GPs with the hyperparameters of the exact GP pretrained on the first batch."""
+    return LocalGP(
+        X,
+        Y,
+        covar_module=model.covar_module,
+        mean_module=model.mean_module,
+        likelihood=model.likelihood,
+        w_gen=w_gen,
+        n_max=n_max,
+        outcome_transform=None,
+    )
+
+
+def _stream_osvgp(X, Y, Yvar, *, protocol, reuse, beta) -> Model:
+    r"""O-SVGP (Gaussian, or Bernoulli on ``{0, 1}`` labels for classification), trained by
+    its own Adam: ``pretrain_steps`` steps on the first batch, one per arrival."""
+    covar_module = _rbf_ard(X.shape[-1]).to(X)
+    model = OnlineSVGP(
+        X,
+        Y,
+        num_inducing=min(protocol["num_inducing"], len(X)),
+        covar_module=covar_module,
+        inducing_selector=_oips(protocol, covar_module),
+        likelihood=BernoulliLikelihood() if protocol["classification"] else GaussianLikelihood(),
+        beta=beta,
+        num_steps=1,
+        num_init_steps=protocol["pretrain_steps"],
+        lr=protocol["pretrain_lr"],
+        outcome_transform=None,
+    )
+    # The online learning rate (setting it starts a fresh Adam for the stream).
+    model.optimizer_kwargs = {"lr": protocol["lr"]}
+    return model
+
+
+def _stream_osgpr(X, Y, Yvar, *, protocol, reuse) -> Model:
+    r"""O-SGPR: ``pretrain_steps`` steps on the first batch, then one per arrival."""
+    covar_module = _rbf_ard(X.shape[-1]).to(X)
+    selector = _oips(protocol, covar_module)
+    model = OnlineSGPR(
+        X,
+        Y,
+        num_inducing=None if selector is not None else protocol["num_inducing"],
+        covar_module=covar_module,
+        inducing_selector=selector,
+        likelihood=GaussianLikelihood(),
+        steps_per_batch=protocol["pretrain_steps"],
+        lr=protocol["pretrain_lr"],
+        outcome_transform=None,
+        mean_module=ZeroMean(),
+    )
+    model.steps_per_batch = 1
+    model.lr = protocol["lr"]
+    return model
+
+
+def _stream_svdgp(
+    X, Y, Yvar, *, protocol, reuse, max_mean_basis, max_covar_basis, minibatch_size, kl_columns
+) -> Model:
+    r"""SVDGP with ``DecoupledSVGP``'s initial bases and closed-form warm start, then one
+    minibatch step per arrival at the protocol's constant learning rate (no decay)."""
+    model = DecoupledSVGP(
+        X,
+        Y,
+        max_mean_basis=max_mean_basis,
+        max_covar_basis=max_covar_basis,
+        basis_increment=minibatch_size,
+        covar_module=_rbf_ard(X.shape[-1]),
+        likelihood=GaussianLikelihood(),
+        minibatch_size=minibatch_size,
+        kl_columns=kl_columns,
+        num_steps=1,
+        num_init_steps=protocol["pretrain_steps"],
+        lr=protocol["pretrain_lr"],
+        lr_decay=0.0,
+        seed=int(torch.randint(2**31 - 1, ()).item()),
+        outcome_transform=None,
+    )
+    model.optimizer_kwargs = {"lr": protocol["lr"]}
+    return model
+
+
+# ------------------------------------------------------------------------- entries
 _GRID = {"grid_size": None}
 _WISKI_FAMILY = frozenset({"fixed_noise", "constant_time_update"})
 
@@ -448,6 +731,7 @@ register_model(
         options={**_GRID, "restandardize": True},
         build=_bind(_grid_model_builder(_grid_kernel), WiskiGP),
         mll_class=WoodburyMarginalLogLikelihood,
+        stream=StreamRecipe(_stream_wiski, per_output=True, projection="features"),
     )
 )
 register_model(
@@ -486,6 +770,7 @@ register_model(
         },
         build=_build_softki,
         mll_class=WoodburyMarginalLogLikelihood,
+        stream=StreamRecipe(_stream_softki, pretraining="model", per_output=True),
     )
 )
 register_model(
@@ -494,6 +779,31 @@ register_model(
         SoftKIGP,
         "SoftKI (batch): softmax interpolation on learned points, rebuilt on all data",
         frozenset({"high_dim"}),
+    )
+)
+register_model(
+    ModelSpec(
+        "exact",
+        SingleTaskGP,
+        "BoTorch's exact SingleTaskGP, rebuilt on all data after each batch",
+        frozenset({"fixed_noise", "classification"}),
+        build=_build_exact,
+        stream=StreamRecipe(_stream_exact, capped=True),
+    )
+)
+register_model(
+    ModelSpec(
+        "exact-projected",
+        SingleTaskGP,
+        "The exact GP on WISKI's learned projection (the WISKI paper's exact baseline)",
+        frozenset({"fixed_noise", "classification"}),
+        stream=StreamRecipe(
+            _stream_exact,
+            projection="kernel",
+            capped=True,
+            after_pretraining=_calibrate_kernel_projection,
+        ),
+        loops=False,
     )
 )
 register_model(
@@ -512,6 +822,9 @@ register_model(
         },
         build=_build_osvgp,
         refit=_refine_osvgp,
+        stream=StreamRecipe(
+            _stream_osvgp, pretraining="model", online="model", options={"beta": 1e-3}
+        ),
     )
 )
 register_model(
@@ -520,6 +833,7 @@ register_model(
         OnlineSGPR,
         "O-SGPR: online sparse GP regression (Bui et al.'s collapsed bound)",
         frozenset({"constant_time_update"}),
+        stream=StreamRecipe(_stream_osgpr, pretraining="model", online="model"),
     )
 )
 register_model(
@@ -528,6 +842,17 @@ register_model(
         DecoupledSVGP,
         "SVDGP: decoupled variational GP (separate mean and covariance bases)",
         frozenset({"constant_time_update"}),
+        stream=StreamRecipe(
+            _stream_svdgp,
+            pretraining="model",
+            online="model",
+            options={
+                "max_mean_basis": 2048,
+                "max_covar_basis": 128,
+                "minibatch_size": 256,
+                "kl_columns": None,
+            },
+        ),
     )
 )
 register_model(
@@ -536,14 +861,11 @@ register_model(
         LocalGP,
         "Local GPs: a committee of small exact GPs, hyperparameters fixed",
         frozenset({"constant_time_update"}),
-    )
-)
-register_model(
-    ModelSpec(
-        "exact",
-        SingleTaskGP,
-        "BoTorch's exact SingleTaskGP, rebuilt on all data after each batch",
-        frozenset({"fixed_noise", "classification"}),
-        build=_build_exact,
+        stream=StreamRecipe(
+            _stream_exact,
+            online="frozen",
+            after_pretraining=_local_from_exact,
+            options={"w_gen": 0.5, "n_max": 256},
+        ),
     )
 )

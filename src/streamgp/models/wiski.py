@@ -908,6 +908,39 @@ class WiskiGP(
         self._fold_conditioning()
         return self._statistics
 
+    def statistics_with(
+        self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None
+    ) -> DataStatistics | GridStatistics:
+        r"""The statistics of every observation plus ``(X, Y)``; the model is unchanged.
+
+        The new rows pass through the model's frozen transforms and its interpolation, so
+        the result is differentiable in ``X`` (and in anything ``X`` was computed from):
+        the WISKI paper's streaming objective (eq. 18) keeps the old statistics fixed and
+        differentiates the new rows' weights, e.g. in a learned input projection.
+        ``WoodburyMarginalLogLikelihood(likelihood, model)(statistics=...)`` evaluates it.
+
+        Args:
+            X: ``q x d`` new inputs (original space).
+            Y: ``q x 1`` new targets (a single-output model).
+            Yvar: ``q x 1`` known noise variances (fixed-noise models only).
+
+        Example:
+            >>> from streamgp.mlls import WoodburyMarginalLogLikelihood
+            >>> X = torch.rand(10, 2, dtype=torch.float64)
+            >>> model = WiskiGP(X, X.sum(-1, keepdim=True), grid_size=8)
+            >>> mll = WoodburyMarginalLogLikelihood(model.likelihood, model)
+            >>> new = torch.rand(3, 2, dtype=torch.float64, requires_grad=True)
+            >>> mll(statistics=model.statistics_with(new, new.sum(-1, keepdim=True))).backward()
+            >>> new.grad.shape, model.num_train
+            (torch.Size([3, 2]), 10)
+        """
+        X_t, Y_t, noise_t = transform_new_data(self, X, Y, Yvar)
+        return self.training_statistics().add(
+            self.interpolation.weights(X_t),
+            Y_t.squeeze(-1),
+            None if noise_t is None else noise_t.squeeze(-1),
+        )
+
     def fit_objective(self) -> tuple[Tensor, Tensor]:
         r"""The exact SKI log marginal likelihood of every observation, and ``n``.
 

@@ -18,7 +18,10 @@ Gaussian Processes" (AISTATS 2021), sections 5.1-5.2 and appendix C.1:
    the true class. The time of each step (absorb + optimizer step) is recorded,
    evaluation excluded.
 
-Models (:data:`STREAM_MODELS`, :mod:`~streamgp.loops.stream.learners`):
+Models (:data:`STREAM_MODELS`: the registry's entries with a
+:class:`~streamgp.models.registry.StreamRecipe`, all run by the one
+:class:`~streamgp.loops.stream.learners.Learner`; per-model options in
+``StreamConfig.model_options``):
 
 - ``wiski``: :class:`~streamgp.models.WiskiGP`; one Adam step on the exact SKI
   marginal likelihood (:class:`~streamgp.mlls.WoodburyMarginalLogLikelihood`) per
@@ -44,13 +47,15 @@ Models (:data:`STREAM_MODELS`, :mod:`~streamgp.loops.stream.learners`):
   ``oips_rho``, at most ``num_inducing`` points) on the model's own kernel, instead of
   their default rules (greedy variance reduction / Bui et al.'s random replacement).
 - ``svdgp``: :class:`~streamgp.models.DecoupledSVGP` (SVDGP, Cheng & Boots 2017): a
-  covariance basis of at most ``svdgp_covar_basis`` points and a mean basis of at most
-  ``svdgp_mean_basis``, both grown from the stream (one new point per one-point batch,
+  covariance basis of at most ``max_covar_basis`` points and a mean basis of at most
+  ``max_mean_basis``, both grown from the stream (one new point per one-point batch,
   the paper's Algorithm 1); pretrained with ``pretrain_steps`` minibatch steps, then
-  one Adam step per arrival on a minibatch of ``svdgp_minibatch`` points (the new batch
+  one Adam step per arrival on a minibatch of ``minibatch_size`` points (the new batch
   topped up from the model's bounded reservoir sample of the stream); the KL's mean
-  term from ``svdgp_kl_columns`` sampled columns (default ``svdgp_minibatch``).
-- ``local``: :class:`~streamgp.models.LocalGP` with ``n_max = num_inducing``; its shared
+  term from ``kl_columns`` sampled columns (default ``minibatch_size``); all four in
+  ``model_options["svdgp"]``.
+- ``local``: :class:`~streamgp.models.LocalGP` (``model_options["local"]``: ``w_gen``,
+  ``n_max``, default 256); its shared
   hyperparameters are those of an exact GP pretrained on the 5% and stay fixed while
   streaming (an optimizer step on the sum of all local marginal likelihoods would cost
   ``O(K n_max^3)`` per arrival).
@@ -92,20 +97,10 @@ References:
 from streamgp.loops.stream.config import DATASET_STREAM_SETTINGS, StreamConfig
 from streamgp.loops.stream.learners import (
     CLASSIFICATION_MODELS,
-    CLASSIFIERS,
-    LEARNERS,
     PREDICT_CHUNK,
     STREAM_MODELS,
-    ExactLearner,
-    LocalLearner,
-    OnlineLearner,
-    OSGPRLearner,
-    OSVGPClassifierLearner,
-    OSVGPLearner,
-    ProjectedExactLearner,
-    SoftKILearner,
-    SVDGPLearner,
-    WiskiLearner,
+    Learner,
+    make_learner,
 )
 from streamgp.loops.stream.loop import StreamingLoop
 from streamgp.loops.stream.metrics import (
@@ -119,25 +114,15 @@ from streamgp.loops.stream.runner import StreamSplits, run_stream_experiment
 
 __all__ = [
     "CLASSIFICATION_MODELS",
-    "CLASSIFIERS",
     "DATASET_STREAM_SETTINGS",
-    "LEARNERS",
     "PREDICT_CHUNK",
     "STREAM_MODELS",
-    "ExactLearner",
-    "LocalLearner",
-    "OSGPRLearner",
-    "OSVGPClassifierLearner",
-    "OSVGPLearner",
-    "OnlineLearner",
-    "ProjectedExactLearner",
-    "SVDGPLearner",
-    "SoftKILearner",
+    "Learner",
     "StreamConfig",
     "StreamSplits",
     "StreamingLoop",
-    "WiskiLearner",
     "classification_metrics",
+    "make_learner",
     "dirichlet_probabilities",
     "dirichlet_targets",
     "evaluations_nearest",

@@ -2,8 +2,11 @@ r"""Settings of the streaming protocol: :class:`StreamConfig` and per-dataset pr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
+from streamgp.models.registry import get_model_spec
 from streamgp.utils.validation import check_count
 
 #: Per-dataset protocol settings (:meth:`StreamConfig.for_dataset`): the paper's
@@ -36,24 +39,23 @@ class StreamConfig:
         grid_size: WISKI grid points per dimension (16 in 2-D: ``m = 256``, the paper's).
         grid_margin: WISKI grid bounds are ``[-1 - margin, 1 + margin]``; test inputs
             outside are clamped onto them.
-        num_inducing: Inducing points of O-SVGP and O-SGPR, ``n_max`` of local GPs
-            (the paper's ``m = 256``; capped by the pretraining set size where the model
-            picks them from it).
-        beta: O-SVGP's KL weight.
+        num_inducing: Inducing points of O-SVGP and O-SGPR, interpolation points of
+            SoftKI (the paper's ``m = 256``; capped by the pretraining set size where the
+            model picks them from it).
         inducing: Inducing points of O-SVGP and O-SGPR: ``"default"`` (each model's
             own rule) or ``"oips"`` (an ``OnlineInducingPointSelector`` on the model's
             kernel, capped at ``num_inducing`` points).
         oips_rho: OIPS acceptance threshold in ``(0, 1)`` (larger: more points).
-        svdgp_mean_basis: SVDGP's cap ``M_alpha`` on the mean basis.
-        svdgp_covar_basis: SVDGP's cap ``M_beta`` on the covariance basis.
-        svdgp_minibatch: SVDGP's minibatch size ``N_m``.
-        svdgp_kl_columns: SVDGP's sampled columns ``N_c`` of ``K_alpha`` in the KL's mean
-            term (``None``: ``N_m``, the paper's linear-cost estimator; ``>= M_alpha``:
-            the exact term, ``O(M_alpha^2)`` per step).
-        exact_max: Cap on the exact GP's observations (``None``: no cap).
-        local_w_gen: Local GP similarity threshold for creating a new local model.
+        exact_max: Cap on the observations of the exact GPs (``None``: no cap).
         alpha_epsilon: Dirichlet classification ``alpha_epsilon``.
         num_samples: Monte Carlo samples for Dirichlet class probabilities.
+        model_options: Per-model protocol options, ``{name: {option: value}}``, over the
+            registry's defaults (``get_model_spec(name).stream.options``): O-SVGP's KL
+            weight ``beta``; SVDGP's ``max_mean_basis`` (``M_alpha``), ``max_covar_basis``
+            (``M_beta``), ``minibatch_size`` (``N_m``) and ``kl_columns`` (sampled columns
+            ``N_c`` of ``K_alpha`` in the KL's mean term; ``None``: ``N_m``, the paper's
+            linear-cost estimator; ``>= M_alpha``: the exact term); local GPs' ``w_gen``
+            and ``n_max``. Unknown names are refused, naming them.
     """
 
     pretrain_steps: int = 200
@@ -65,17 +67,12 @@ class StreamConfig:
     grid_size: int = 16
     grid_margin: float = 0.1
     num_inducing: int = 256
-    beta: float = 1e-3
     inducing: str = "default"
     oips_rho: float = 0.8
-    svdgp_mean_basis: int = 2048
-    svdgp_covar_basis: int = 128
-    svdgp_minibatch: int = 256
-    svdgp_kl_columns: int | None = None
     exact_max: int | None = None
-    local_w_gen: float = 0.5
     alpha_epsilon: float = 0.01
     num_samples: int = 256
+    model_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_count(self.pretrain_steps, "pretrain_steps")
@@ -84,18 +81,14 @@ class StreamConfig:
             "grid_size",
             "num_inducing",
             "num_samples",
-            "svdgp_mean_basis",
-            "svdgp_covar_basis",
-            "svdgp_minibatch",
         ):
             check_count(getattr(self, name), name, minimum=1)
-        for name in ("pretrain_lr", "lr", "projection_lr_ratio", "beta", "alpha_epsilon"):
+        for name in ("pretrain_lr", "lr", "projection_lr_ratio", "alpha_epsilon"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name} must be a positive number, got {value!r}.")
         if not isinstance(self.grid_margin, (int, float)) or self.grid_margin < 0:
             raise ValueError(f"grid_margin must be >= 0, got {self.grid_margin!r}.")
-        check_count(self.svdgp_kl_columns, "svdgp_kl_columns", minimum=1, allow_none=True)
         if self.inducing not in ("default", "oips"):
             raise ValueError(f"inducing must be 'default' or 'oips', got {self.inducing!r}.")
         if not isinstance(self.oips_rho, (int, float)) or not 0 < self.oips_rho < 1:
@@ -103,8 +96,18 @@ class StreamConfig:
         if self.projection not in ("auto", "on", "off"):
             raise ValueError(f"projection must be 'auto', 'on' or 'off', got {self.projection!r}.")
         check_count(self.exact_max, "exact_max", minimum=1, allow_none=True)
-        if not 0 <= self.local_w_gen < 1:
-            raise ValueError(f"local_w_gen must be in [0, 1), got {self.local_w_gen!r}.")
+        if not isinstance(self.model_options, Mapping) or not all(
+            isinstance(options, Mapping) for options in self.model_options.values()
+        ):
+            raise TypeError(
+                "model_options must map model names to dicts of options, got "
+                f"{self.model_options!r}."
+            )
+        for name, options in self.model_options.items():
+            spec = get_model_spec(name)
+            if spec.stream is None:
+                raise ValueError(f"model_options names {name!r}, which the protocol does not run.")
+            spec.stream.resolve_options(name, options)
 
     @classmethod
     def for_dataset(cls, name: str, **overrides) -> StreamConfig:

@@ -1,65 +1,48 @@
-r"""The models under the streaming protocol: one learner per model name.
+r"""The streaming protocol's one learner: any registered model, run as its recipe says.
 
-A learner pretrains its model on the first batch, then absorbs each arrival and takes
-one optimizer step (:meth:`OnlineLearner.step`), and predicts the test set in chunks
-(:meth:`OnlineLearner.predict`). :data:`LEARNERS` (regression) and :data:`CLASSIFIERS`
-are the registry of models the protocol runs; :data:`STREAM_MODELS` and
-:data:`CLASSIFICATION_MODELS` are their names.
+A :class:`Learner` pretrains its model on the first batch, then absorbs each arrival and
+trains for one step (:meth:`Learner.step`), and predicts the test set in chunks
+(:meth:`Learner.predict`). What differs between models is data in the model registry
+(:class:`~streamgp.models.registry.StreamRecipe`): how to build the model under the
+protocol's settings, whether the protocol's Adam trains it or the model trains itself,
+one model per output or one for all, and where the learned input projection goes.
+:data:`STREAM_MODELS` and :data:`CLASSIFICATION_MODELS` are the registry's names that
+the protocol runs.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
 import gpytorch
 import torch
-from botorch.models import SingleTaskGP
-from botorch.models.transforms.outcome import Standardize
-from gpytorch.kernels import RBFKernel, ScaleKernel
-from gpytorch.likelihoods import BernoulliLikelihood, GaussianLikelihood
-from gpytorch.means import ConstantMean, ZeroMean
-from gpytorch.mlls import ExactMarginalLogLikelihood
+from botorch.models.model import Model
+from gpytorch.likelihoods import GaussianLikelihood
 from torch import Tensor
 
-from streamgp.inducing import OnlineInducingPointSelector
+from streamgp.interpolation.grid import GridExtrapolationWarning
 from streamgp.loops.stream.config import StreamConfig
-from streamgp.mlls import WoodburyMarginalLogLikelihood
-from streamgp.models import DecoupledSVGP, LocalGP, OnlineSGPR, OnlineSoftKIGP, OnlineSVGP, WiskiGP
-from streamgp.models.projection import LearnedProjection, ProjectedKernel
-from streamgp.models.utils import transform_new_data
+from streamgp.models import LearnedProjection
+from streamgp.models.registry import get_model_spec, registered_models
+
+__all__ = ["CLASSIFICATION_MODELS", "PREDICT_CHUNK", "STREAM_MODELS", "Learner", "make_learner"]
 
 #: Rows per joint posterior when predicting the test set (its covariance is
 #: ``chunk x chunk``; only the marginal variances are used).
 PREDICT_CHUNK = 256
 
+#: Models the protocol runs (regression), in the registry's order.
+STREAM_MODELS = registered_models(loop="stream")
+#: Those with a classification variant: Dirichlet targets with fixed noise, or O-SVGP's
+#: Bernoulli likelihood on binary labels.
+CLASSIFICATION_MODELS = registered_models("classification", loop="stream")
+
 
 def _uses_projection(config: StreamConfig, dim: int) -> bool:
     return config.projection == "on" or (config.projection == "auto" and dim > 3)
-
-
-def _protocol_mean() -> dict[str, Any]:
-    r"""The WISKI paper's zero prior mean, for the models whose default is a learned
-    constant: the protocol standardises every data set itself, so the streaming results
-    stay those of the paper's setup."""
-    return {"mean_module": ZeroMean()}
-
-
-def _rbf_ard(dim: int, batch_shape: torch.Size | None = None) -> ScaleKernel:
-    # The paper's RBF-ARD kernel, with gpytorch's softplus-transformed constraints so
-    # plain Adam steps cannot leave the parameters' domain.
-    batch_shape = torch.Size() if batch_shape is None else batch_shape
-    return ScaleKernel(
-        RBFKernel(ard_num_dims=dim, batch_shape=batch_shape), batch_shape=batch_shape
-    )
-
-
-def _oips(config: StreamConfig, kernel) -> OnlineInducingPointSelector | None:
-    # OIPS on the model's own kernel, so acceptance follows the learned lengthscales.
-    if config.inducing != "oips":
-        return None
-    return OnlineInducingPointSelector(kernel, config.oips_rho, max_size=config.num_inducing)
 
 
 def _adam(groups: list[dict[str, Any]], lr: float) -> torch.optim.Adam:
@@ -69,499 +52,324 @@ def _adam(groups: list[dict[str, Any]], lr: float) -> torch.optim.Adam:
     )
 
 
-class OnlineLearner(ABC):
-    r"""One model under the protocol: pretrain, absorb + one step, predict.
+def _exact_solves(model: Model):
+    r"""Cholesky solves at every size for a gpytorch exact GP (gpytorch switches to
+    CG/Lanczos above 800 points by default, which would make the exact baseline
+    approximate and noisy); streamgp's models do their own algebra."""
+    if hasattr(model, "fit_objective"):
+        return ExitStack()
+    return gpytorch.settings.max_cholesky_size(10**7)
+
+
+class Learner:
+    r"""One registered model under the protocol: pretrain, absorb + one step, predict.
 
     Targets are ``n x C``: ``C = 1`` for regression, the Dirichlet targets of ``C``
-    classes for classification (with ``Yvar`` their fixed noise variances), or
-    ``n x 1`` labels in ``{0, 1}`` for O-SVGP's Bernoulli classifier.
+    classes for classification (with ``Yvar`` their fixed noise variances), or ``n x 1``
+    labels in ``{0, 1}`` for O-SVGP's Bernoulli classifier.
+
+    With the protocol's projection on (``config.projection``; ``"auto"``: when
+    ``d > 3``) and a recipe that takes it in front of the model (WISKI), each arrival's
+    loss is the marginal likelihood of all data with the *old* statistics fixed and the
+    new points' features differentiable in the projection (the WISKI paper's eq. 18);
+    one Adam step updates kernel, noise and projection; then the new points are absorbed
+    with the updated projection.
 
     Args:
+        name: A name in :data:`STREAM_MODELS`.
         X: ``n x d`` pretraining inputs.
         Y: ``n x C`` pretraining targets.
         Yvar: ``n x C`` fixed noise variances (Dirichlet classification) or ``None``.
         config: Protocol settings.
+        classification: Whether the targets are a classification task's.
+        pretrain: Whether to pretrain (``False``: the learner only takes a saved state).
+
+    Example:
+        >>> X = torch.rand(40, 2, dtype=torch.float64)
+        >>> Y = torch.sin(6 * X).sum(-1, keepdim=True)
+        >>> learner = Learner("wiski", X, Y, None, StreamConfig(pretrain_steps=5, grid_size=8))
+        >>> learner.step(X[:1], Y[:1])
+        >>> learner.predict(X[:3])[0].shape, learner.model.num_train
+        (torch.Size([3, 1]), 41)
     """
 
-    #: Largest number of observations the learner accepts (``None``: unbounded).
-    capacity: int | None = None
-
-    @abstractmethod
-    def __init__(self, X: Tensor, Y: Tensor, Yvar: Tensor | None, config: StreamConfig) -> None: ...
-
-    @abstractmethod
-    def step(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> None:
-        r"""Absorb a batch and take one optimizer step."""
-
-    @abstractmethod
-    def predict(self, X: Tensor) -> tuple[Tensor, Tensor]:
-        r"""Marginal predictive ``(mean, variance)``, each ``n x C``: of ``y`` (noise
-        included) for regression, of the latent ``f`` for classification."""
-
-
-def _chunked(X: Tensor, predict_one) -> tuple[Tensor, Tensor]:
-    means, variances = [], []
-    with torch.no_grad():
-        for start in range(0, len(X), PREDICT_CHUNK):
-            mean, variance = predict_one(X[start : start + PREDICT_CHUNK])
-            means.append(mean)
-            variances.append(variance)
-    return torch.cat(means), torch.cat(variances)
-
-
-def _marginals(posterior) -> tuple[Tensor, Tensor]:
-    # A joint posterior over a chunk of test points: keep the marginals. (Batches of
-    # b x 1 x d inputs would avoid the chunk covariance, but broadcast a multi-output
-    # exact GP's caches to b copies.)
-    return posterior.mean, posterior.variance
-
-
-class WiskiLearner(OnlineLearner):
-    r"""WISKI: one ``WiskiGP`` per output, optionally on a learned projection (eq. 18).
-
-    Each arrival: the loss is the SKI marginal likelihood of all data with the *old*
-    statistics fixed and the new points' interpolation weights differentiable in the
-    projection parameters; one Adam step updates kernel, noise and projection; then
-    the new points are absorbed with the updated projection. Without a projection this
-    is ``observe`` followed by one step on the Woodbury marginal likelihood.
-    """
-
-    def __init__(self, X: Tensor, Y: Tensor, Yvar: Tensor | None, config: StreamConfig) -> None:
-        self.config = config
+    def __init__(
+        self,
+        name: str,
+        X: Tensor,
+        Y: Tensor,
+        Yvar: Tensor | None,
+        config: StreamConfig,
+        *,
+        classification: bool = False,
+        pretrain: bool = True,
+    ) -> None:
+        spec = get_model_spec(name)
+        if spec.stream is None:
+            choices = list(registered_models(loop="stream"))
+            raise ValueError(f"model must be one of {choices}, got {name!r}.")
+        if Yvar is not None and not spec.supports("fixed_noise"):
+            raise ValueError(f"{name}: fixed noise variances are not supported.")
+        self.name, self.spec, self.recipe, self.config = name, spec, spec.stream, config
+        self.options = self.recipe.resolve_options(name, config.model_options.get(name))
+        #: Largest number of observations the learner accepts (``None``: unbounded).
+        self.capacity = config.exact_max if self.recipe.capped else None
         dim = X.shape[-1]
-        use_projection = _uses_projection(config, dim)
-        self.projection = (
-            LearnedProjection(dim, config.projection_dim).to(X) if use_projection else None
-        )
-        feature_dim = config.projection_dim if use_projection else dim
-        self.fixed_noise = Yvar is not None
-        self.num_outputs = Y.shape[-1]
-        self.covar_modules = [_rbf_ard(feature_dim).to(X) for _ in range(self.num_outputs)]
-        # A transformed noise constraint: plain Adam steps keep the noise positive.
-        self.likelihoods = (
-            None if self.fixed_noise else [GaussianLikelihood().to(X) for _ in self.covar_modules]
-        )
-        self.grid_bounds = torch.full((2, feature_dim), 1.0 + config.grid_margin).to(X)
-        self.grid_bounds[0] = -self.grid_bounds[0]
+        project = self.recipe.projection != "none" and _uses_projection(config, dim)
+        self.protocol = {
+            "pretrain_steps": config.pretrain_steps if pretrain else 0,
+            "pretrain_lr": config.pretrain_lr,
+            "lr": config.lr,
+            "grid_size": config.grid_size,
+            "grid_margin": config.grid_margin,
+            "num_inducing": config.num_inducing,
+            "inducing": config.inducing,
+            "oips_rho": config.oips_rho,
+            "project": project,
+            "projection_dim": config.projection_dim,
+            "classification": classification,
+        }
+        self.projection = None
+        if project and self.recipe.projection == "features":
+            self.projection = LearnedProjection(dim, config.projection_dim).to(X)
+        outputs = Y.shape[-1] if self.recipe.per_output else 1
+        self._columns = [slice(c, c + 1) for c in range(outputs)] if outputs > 1 else [slice(None)]
+        # Models without ``observe`` are rebuilt on all data at each arrival.
+        self._data = (X, Y, Yvar)
+        self.models = self._build(X, Y, Yvar, reuse=None)
         groups = self._parameter_groups()
+        if self.recipe.pretraining == "adam":
+            self._pretrain(groups, X, Y, Yvar, config.pretrain_steps if pretrain else 0)
+        if self.recipe.after_pretraining is not None:
+            self.models = [
+                self.recipe.after_pretraining(
+                    model, X, Y, Yvar, protocol=self.protocol, **self.options
+                )
+                for model in self.models
+            ]
+        for model in self.models:
+            model.eval()
+        self.optimizer = _adam(groups, config.lr) if self.recipe.online == "adam" else None
 
-        # Pretraining: with a projection the weights of all pretraining points follow
-        # phi (batch setting), so the models are rebuilt from the features each step.
-        optimizer = _adam(groups, config.pretrain_lr)
-        self.models = self._build(X, Y, Yvar)
-        for _ in range(config.pretrain_steps):
-            optimizer.zero_grad()
+    @property
+    def model(self) -> Model:
+        r"""The model (the first output's, when there is one per output)."""
+        return self.models[0]
+
+    # ------------------------------------------------------------------ helpers
+    def _features(self, X: Tensor) -> Tensor:
+        return X if self.projection is None else self.projection(X)
+
+    def _build(
+        self, X: Tensor, Y: Tensor, Yvar: Tensor | None, reuse: list[Model] | None
+    ) -> list[Model]:
+        features = self._features(X)
+        return [
+            self.recipe.build(
+                features,
+                Y[:, column],
+                None if Yvar is None else Yvar[:, column],
+                protocol=self.protocol,
+                reuse=None if reuse is None else reuse[c],
+                **self.options,
+            )
+            for c, column in enumerate(self._columns)
+        ]
+
+    def _parameter_groups(self) -> list[dict[str, Any]]:
+        # Parameters named "projection" (inside a kernel) and the protocol's own
+        # projection learn at ``projection_lr_ratio`` of the others' rate.
+        seen: set[int] = set()
+        plain, projection = [], []
+        for model in self.models:
+            for name, parameter in model.named_parameters():
+                if not parameter.requires_grad or id(parameter) in seen:
+                    continue
+                seen.add(id(parameter))
+                (projection if "projection" in name else plain).append(parameter)
+        if self.projection is not None:
+            projection += list(self.projection.parameters())
+        ratio = self.config.projection_lr_ratio
+        return [{"params": plain}, {"params": projection, "lr_ratio": ratio}]
+
+    def _loss(self, statistics: Callable[[int, Model], Any] | None = None) -> Tensor:
+        r"""The negative objective summed over the models (per datum, with priors)."""
+        total = 0.0
+        for c, model in enumerate(self.models):
+            mll = self.spec.mll_class(model.likelihood, model)
+            if statistics is not None:  # eq. 18: other statistics than the model's own
+                total = total - mll(statistics=statistics(c, model))
+            elif hasattr(model, "compute_custom_loss"):  # streamgp's models: their objective
+                total = total + model.compute_custom_loss(mll)
+            else:  # a gpytorch exact GP
+                model.train()
+                output = model(*model.train_inputs)
+                total = total - mll(output, model.train_targets).sum()
+        return total
+
+    def _adam_step(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.zero_grad()
+        with _exact_solves(self.model):
+            self._loss().backward()
+        optimizer.step()
+        for model in self.models:
+            model.eval()
+
+    def _pretrain(self, groups, X: Tensor, Y: Tensor, Yvar: Tensor | None, steps: int) -> None:
+        # With a projection in front of the model, the weights of all pretraining points
+        # follow it (batch setting), so the models are rebuilt from the features each step.
+        optimizer = _adam(groups, self.config.pretrain_lr)
+        for _ in range(steps):
             if self.projection is not None:
-                self.models = self._build(X, Y, Yvar)
-            self._loss(self.models).backward()
-            optimizer.step()
+                self.models = self._build(X, Y, Yvar, reuse=self.models)
+            self._adam_step(optimizer)
         if self.projection is not None:
             self.projection.calibrate(X).eval()
             with torch.no_grad():
-                self.models = self._build(X, Y, Yvar)
+                self.models = self._build(X, Y, Yvar, reuse=self.models)
+
+    # ------------------------------------------------------------------ protocol
+    def streaming_loss(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> Tensor:
+        r"""Eq. 18: the old statistics fixed, the new rows' features differentiable."""
+        features = self._features(X)
+
+        def statistics(c: int, model: Model) -> Any:
+            column = self._columns[c]
+            noise = None if Yvar is None else Yvar[:, column]
+            return model.statistics_with(features, Y[:, column], noise)
+
+        return self._loss(statistics)
+
+    def step(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> None:
+        r"""Absorb a batch and train for one step (as the recipe says)."""
+        if self.projection is not None:
+            self.optimizer.zero_grad()
+            self.streaming_loss(X, Y, Yvar).backward()
+            self.optimizer.step()
+            with torch.no_grad():
+                X = self._features(X)
+            self._observe(X, Y, Yvar)
+            return
+        if self.spec.incremental:
+            if self.recipe.online == "frozen":
+                with torch.no_grad():
+                    self._observe(X, Y, Yvar)
+            else:
+                self._observe(X, Y, Yvar)
+        else:
+            old_X, old_Y, old_Yvar = self._data
+            self._data = (
+                torch.cat([old_X, X]),
+                torch.cat([old_Y, Y]),
+                None if Yvar is None else torch.cat([old_Yvar, Yvar]),
+            )
+            self.models = self._build(*self._data, reuse=self.models)
+        if self.optimizer is not None:
+            self._adam_step(self.optimizer)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        r"""Everything needed to continue the stream (with :meth:`load_state_dict`).
+
+        Tensors, numbers and strings only (``torch.load(path, weights_only=True)`` reads
+        it): each model's own ``checkpoint()`` (or, for a model rebuilt on all data, the
+        data and its ``state_dict()``), the projection and the optimizer's state.
+        """
+        incremental = self.spec.incremental
+        return {
+            "model": self.name,
+            "models": [
+                model.checkpoint() if incremental else model.state_dict() for model in self.models
+            ],
+            "data": None if incremental else self._data,
+            "projection": None if self.projection is None else self.projection.state_dict(),
+            "optimizer": None if self.optimizer is None else self.optimizer.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        r"""Continue the stream saved by :meth:`state_dict` (a learner of the same model,
+        settings and first batch)."""
+        if state.get("model") != self.name or len(state["models"]) != len(self.models):
+            raise ValueError(
+                f"the state is of a {state.get('model')!r} learner with "
+                f"{len(state['models'])} models; this is a {self.name!r} learner with "
+                f"{len(self.models)}."
+            )
+        if self.projection is not None:
+            self.projection.load_state_dict(state["projection"])
+        if self.spec.incremental:
+            for model, checkpoint in zip(self.models, state["models"], strict=True):
+                model.restore(checkpoint)
+        else:
+            self._data = state["data"]
+            self.models = self._build(*self._data, reuse=self.models)
+            for model, saved in zip(self.models, state["models"], strict=True):
+                model.load_state_dict(saved)
         for model in self.models:
             model.eval()
-        self.optimizer = _adam(groups, config.lr)
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
 
-    def _parameter_groups(self) -> list[dict[str, Any]]:
-        params = [p for module in self.covar_modules for p in module.parameters()]
-        params += [p for lik in self.likelihoods or [] for p in lik.parameters()]
-        groups = [{"params": params}]
-        if self.projection is not None:
-            groups.append(
-                {
-                    "params": list(self.projection.parameters()),
-                    "lr_ratio": self.config.projection_lr_ratio,
-                }
-            )
-        return groups
-
-    def _features(self, X: Tensor) -> Tensor:
-        if self.projection is None:
-            return X
-        return self.projection(X)
-
-    def _build(self, X: Tensor, Y: Tensor, Yvar: Tensor | None) -> list[WiskiGP]:
-        features = self._features(X)
-        models = []
-        for c, covar_module in enumerate(self.covar_modules):
-            models.append(
-                WiskiGP(
-                    features,
-                    Y[:, c : c + 1],
-                    None if Yvar is None else Yvar[:, c : c + 1],
-                    grid_size=self.config.grid_size,
-                    grid_bounds=self.grid_bounds,
-                    covar_module=covar_module,
-                    likelihood=None if self.likelihoods is None else self.likelihoods[c],
-                    # Fixed-noise Dirichlet targets are far from zero mean: standardize
-                    # them (frozen after pretraining) since WiskiGP has a zero prior mean.
-                    outcome_transform=Standardize(m=1) if self.fixed_noise else None,
-                    **_protocol_mean(),
-                )
-            )
-        return models
-
-    @staticmethod
-    def _loss(models: Sequence[WiskiGP]) -> Tensor:
-        return -sum(WoodburyMarginalLogLikelihood(m.likelihood, m)() for m in models)
-
-    def _streaming_loss(self, X: Tensor, Y: Tensor, Yvar: Tensor | None) -> Tensor:
-        r"""Eq. 18: old statistics frozen, new interpolation weights differentiable."""
-        features = self._features(X)
-        losses = []
-        for c, model in enumerate(self.models):
-            y = Y[:, c : c + 1]
-            noise = None if Yvar is None else Yvar[:, c : c + 1]
-            # The model's own transforms and statistics update rule; nothing is mutated.
-            _, y_t, noise_t = transform_new_data(model, features, y, noise)
-            statistics = model.training_statistics().add(
-                model.interpolation.weights(features),
-                y_t.squeeze(-1),
-                None if noise_t is None else noise_t.squeeze(-1),
-            )
-            mll = WoodburyMarginalLogLikelihood(model.likelihood, model)
-            losses.append(-mll(statistics=statistics))
-        return sum(losses)
-
-    def step(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> None:
-        if self.projection is None:
-            for c, model in enumerate(self.models):
-                model.observe(X, Y[:, c : c + 1], None if Yvar is None else Yvar[:, c : c + 1])
-            self.optimizer.zero_grad()
-            self._loss(self.models).backward()
-            self.optimizer.step()
-            return
-        self.optimizer.zero_grad()
-        self._streaming_loss(X, Y, Yvar).backward()
-        self.optimizer.step()
-        with torch.no_grad():
-            features = self._features(X)
-        for c, model in enumerate(self.models):
-            model.observe(features, Y[:, c : c + 1], None if Yvar is None else Yvar[:, c : c + 1])
-
-    def predict(self, X: Tensor) -> tuple[Tensor, Tensor]:
-        def one(X_chunk: Tensor) -> tuple[Tensor, Tensor]:
-            features = self._features(X_chunk)
-            features = torch.maximum(
-                torch.minimum(features, self.grid_bounds[1]), self.grid_bounds[0]
-            )
-            results = [
-                _marginals(m.posterior(features, observation_noise=not self.fixed_noise))
-                for m in self.models
-            ]
-            return torch.cat([r[0] for r in results], -1), torch.cat([r[1] for r in results], -1)
-
-        return _chunked(X, one)
-
-
-#: Exact Cholesky solves at every size (gpytorch switches to CG/Lanczos above 800
-#: points by default, which would make the "exact" baseline approximate and noisy).
-def _exact_solves():
-    return gpytorch.settings.max_cholesky_size(10**7)
-
-
-class ExactLearner(OnlineLearner):
-    r"""Incremental exact GP: ``SingleTaskGP`` on all data so far, one Adam step per arrival.
-
-    The kernel, mean and (learned) likelihood modules persist across rebuilds, so the
-    Adam state carries over; ``C > 1`` outputs form one batched model (one GP per class,
-    each with its own hyperparameters).
-    """
-
-    #: Whether the model learns WISKI's input projection (``exact-projected``).
-    projected: bool = False
-
-    def __init__(self, X: Tensor, Y: Tensor, Yvar: Tensor | None, config: StreamConfig) -> None:
-        self.config = config
-        self.capacity = config.exact_max
-        num_outputs = Y.shape[-1]
-        batch = torch.Size([num_outputs]) if num_outputs > 1 else torch.Size()
-        dim = X.shape[-1]
-        projection = None
-        if self.projected and _uses_projection(config, dim):
-            projection = LearnedProjection(dim, config.projection_dim).to(X)
-            dim = config.projection_dim
-        self.covar_module = _rbf_ard(dim, batch).to(X)
-        if projection is not None:
-            self.covar_module = ProjectedKernel(self.covar_module, projection)
-        self.mean_module = ConstantMean(batch_shape=batch).to(X)
-        self.likelihood = None if Yvar is not None else GaussianLikelihood().to(X)
-        self.X, self.Y, self.Yvar = X, Y, Yvar
-        params = [p for name, p in self.covar_module.named_parameters() if "projection" not in name]
-        params += list(self.mean_module.parameters())
-        params += [] if self.likelihood is None else list(self.likelihood.parameters())
-        groups = [{"params": params}]
-        if projection is not None:
-            groups.append(
-                {"params": list(projection.parameters()), "lr_ratio": config.projection_lr_ratio}
-            )
-        optimizer = _adam(groups, config.pretrain_lr)
-        self._rebuild()
-        for _ in range(config.pretrain_steps):
-            self._adam_step(optimizer)
-        if projection is not None:
-            # As WISKI: batch statistics while pretraining, then the running statistics
-            # of the pretraining set (a single arrival has no batch statistics).
-            projection.calibrate(X)
-            self.covar_module.freeze_normalization = True
-            self.covar_module.train(False)
-        self.optimizer = _adam(groups, config.lr)
-
-    def _rebuild(self) -> None:
-        self.model = SingleTaskGP(
-            self.X,
-            self.Y,
-            self.Yvar,
-            covar_module=self.covar_module,
-            mean_module=self.mean_module,
-            likelihood=self.likelihood,
-            outcome_transform=None,
-        )
-
-    def _adam_step(self, optimizer: torch.optim.Optimizer) -> None:
-        model = self.model.train()
-        mll = ExactMarginalLogLikelihood(model.likelihood, model)
-        optimizer.zero_grad()
-        with _exact_solves():
-            output = model(*model.train_inputs)
-            (-mll(output, model.train_targets).sum()).backward()
-        optimizer.step()
-        model.eval()
-
-    def step(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> None:
-        self.X, self.Y = torch.cat([self.X, X]), torch.cat([self.Y, Y])
-        if Yvar is not None:
-            self.Yvar = torch.cat([self.Yvar, Yvar])
-        self._rebuild()
-        self._adam_step(self.optimizer)
-
-    def predict(self, X: Tensor) -> tuple[Tensor, Tensor]:
-        noisy = self.likelihood is not None
-        self.model.eval()
-        with _exact_solves():
-            return _chunked(
-                X, lambda Xc: _marginals(self.model.posterior(Xc, observation_noise=noisy))
-            )
-
-
-class ProjectedExactLearner(ExactLearner):
-    r"""Exact GP on WISKI's features: the same learned projection (when WISKI uses one),
-    recomputed for all data at every step (the WISKI paper's exact baseline, section 5.1).
-
-    It separates the two approximations WISKI makes in ``d > 3``: against ``exact`` it
-    shows the cost of the projection, against ``wiski`` that of the grid interpolation.
-    """
-
-    projected = True
-
-
-class OSVGPLearner(OnlineLearner):
-    r"""O-SVGP (Gaussian, or Bernoulli for ``n x 1`` binary labels), one step per batch."""
-
-    #: Bernoulli (probit) likelihood on ``{0, 1}`` labels instead of a Gaussian one.
-    bernoulli = False
-
-    def __init__(self, X: Tensor, Y: Tensor, Yvar: Tensor | None, config: StreamConfig) -> None:
-        if Yvar is not None:
-            raise ValueError("osvgp: fixed noise variances are not supported.")
-        covar_module = _rbf_ard(X.shape[-1]).to(X)
-        selector = _oips(config, covar_module)
-        self.model = OnlineSVGP(
+    @classmethod
+    def restored(
+        cls,
+        state: dict[str, Any],
+        X: Tensor,
+        Y: Tensor,
+        Yvar: Tensor | None,
+        config: StreamConfig,
+        *,
+        classification: bool = False,
+    ) -> Learner:
+        r"""The learner saved in ``state``, rebuilt on its first batch without pretraining."""
+        learner = cls(
+            state["model"],
             X,
             Y,
-            num_inducing=min(config.num_inducing, len(X)),
-            covar_module=covar_module,
-            inducing_selector=selector,
-            likelihood=BernoulliLikelihood() if self.bernoulli else GaussianLikelihood(),
-            beta=config.beta,
-            num_steps=1,
-            num_init_steps=config.pretrain_steps,
-            lr=config.pretrain_lr,
-            outcome_transform=None,  # the protocol standardises the data
+            Yvar,
+            config,
+            classification=classification,
+            pretrain=False,
         )
-        # The online learning rate (setting it starts a fresh Adam for the stream).
-        self.model.optimizer_kwargs = {"lr": config.lr}
+        learner.load_state_dict(state)
+        return learner
 
-    def step(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> None:
-        self.model.observe(X, Y)
-
-    def predict(self, X: Tensor) -> tuple[Tensor, Tensor]:
-        noisy = not self.bernoulli
-        return _chunked(X, lambda Xc: _marginals(self.model.posterior(Xc, observation_noise=noisy)))
-
-
-class OSVGPClassifierLearner(OSVGPLearner):
-    r"""O-SVGP with a Bernoulli likelihood (the paper's classification baseline)."""
-
-    bernoulli = True
-
-
-class OSGPRLearner(OnlineLearner):
-    r"""O-SGPR: pretrained with ``pretrain_steps`` steps, then one step per batch."""
-
-    def __init__(self, X: Tensor, Y: Tensor, Yvar: Tensor | None, config: StreamConfig) -> None:
-        if Yvar is not None:
-            raise ValueError("osgpr: fixed noise variances are not supported.")
-        covar_module = _rbf_ard(X.shape[-1]).to(X)
-        selector = _oips(config, covar_module)
-        self.model = OnlineSGPR(
-            X,
-            Y,
-            num_inducing=None if selector is not None else config.num_inducing,
-            covar_module=covar_module,
-            inducing_selector=selector,
-            likelihood=GaussianLikelihood(),
-            steps_per_batch=config.pretrain_steps,
-            lr=config.pretrain_lr,
-            outcome_transform=None,  # the protocol standardises the data
-            **_protocol_mean(),
-        )
-        self.model.steps_per_batch = 1
-        self.model.lr = config.lr
-
-    def step(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> None:
-        self.model.observe(X, Y)
+    def _observe(self, X: Tensor, Y: Tensor, Yvar: Tensor | None) -> None:
+        for model, column in zip(self.models, self._columns, strict=True):
+            model.observe(X, Y[:, column], None if Yvar is None else Yvar[:, column])
 
     def predict(self, X: Tensor) -> tuple[Tensor, Tensor]:
-        return _chunked(X, lambda Xc: _marginals(self.model.posterior(Xc, observation_noise=True)))
+        r"""Marginal predictive ``(mean, variance)``, each ``n x C``: of ``y`` (noise
+        included) for regression with a learned noise, of the latent ``f`` otherwise."""
+        means, variances = [], []
+        with torch.no_grad(), _exact_solves(self.model), warnings.catch_warnings():
+            # Test points may lie outside a grid fixed by the pretraining data: they are
+            # predicted at the nearest point of the grid box, as the protocol intends.
+            warnings.simplefilter("ignore", GridExtrapolationWarning)
+            for start in range(0, len(X), PREDICT_CHUNK):
+                features = self._features(X[start : start + PREDICT_CHUNK])
+                # A joint posterior over the chunk: keep the marginals. (Batches of
+                # b x 1 x d inputs would avoid the chunk covariance, but broadcast a
+                # multi-output exact GP's caches to b copies.)
+                posteriors = [
+                    model.posterior(
+                        features, observation_noise=isinstance(model.likelihood, GaussianLikelihood)
+                    )
+                    for model in self.models
+                ]
+                means.append(torch.cat([p.mean for p in posteriors], -1))
+                variances.append(torch.cat([p.variance for p in posteriors], -1))
+        return torch.cat(means), torch.cat(variances)
 
 
-class SVDGPLearner(OnlineLearner):
-    r"""SVDGP (decoupled mean and covariance bases), one minibatch step per batch.
-
-    Built with ``DecoupledSVGP``'s defaults for the initial bases (greedy variance
-    reduction for the covariance basis, which the mean basis extends with further
-    pretraining inputs) and its closed-form warm start of ``(a, L)`` around the
-    ``pretrain_steps`` Adam steps at ``pretrain_lr``. Streaming uses the protocol's
-    constant learning rate ``lr`` (no decay schedule), like the other models.
-    """
-
-    def __init__(self, X: Tensor, Y: Tensor, Yvar: Tensor | None, config: StreamConfig) -> None:
-        if Yvar is not None:
-            raise ValueError("svdgp: fixed noise variances are not supported.")
-        self.model = DecoupledSVGP(
-            X,
-            Y,
-            max_mean_basis=config.svdgp_mean_basis,
-            max_covar_basis=config.svdgp_covar_basis,
-            basis_increment=config.svdgp_minibatch,
-            covar_module=_rbf_ard(X.shape[-1]),
-            likelihood=GaussianLikelihood(),
-            minibatch_size=config.svdgp_minibatch,
-            kl_columns=config.svdgp_kl_columns,
-            num_steps=1,
-            num_init_steps=config.pretrain_steps,
-            lr=config.pretrain_lr,
-            lr_decay=0.0,
-            seed=int(torch.randint(2**31 - 1, ()).item()),
-            outcome_transform=None,  # the protocol standardises the data
-        )
-        # The online learning rate (setting it starts a fresh Adam for the stream).
-        self.model.optimizer_kwargs = {"lr": config.lr}
-
-    def step(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> None:
-        self.model.observe(X, Y)
-
-    def predict(self, X: Tensor) -> tuple[Tensor, Tensor]:
-        return _chunked(X, lambda Xc: _marginals(self.model.posterior(Xc, observation_noise=True)))
-
-
-class LocalLearner(OnlineLearner):
-    r"""Local GPs with hyperparameters of an exact GP pretrained on the 5% (then fixed)."""
-
-    def __init__(self, X: Tensor, Y: Tensor, Yvar: Tensor | None, config: StreamConfig) -> None:
-        if Yvar is not None:
-            raise ValueError("local: fixed noise variances are not supported.")
-        exact = ExactLearner(X, Y, None, config)
-        self.model = LocalGP(
-            X,
-            Y,
-            covar_module=exact.covar_module,
-            mean_module=exact.mean_module,
-            likelihood=exact.likelihood,
-            w_gen=config.local_w_gen,
-            n_max=config.num_inducing,
-            outcome_transform=None,  # the protocol standardises the data
-        )
-
-    def step(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> None:
-        with torch.no_grad():
-            self.model.observe(X, Y)
-
-    def predict(self, X: Tensor) -> tuple[Tensor, Tensor]:
-        return _chunked(X, lambda Xc: _marginals(self.model.posterior(Xc, observation_noise=True)))
-
-
-class SoftKILearner(OnlineLearner):
-    r"""Online SoftKI on all inputs (no projection): one ``OnlineSoftKIGP`` per output.
-
-    Pretraining runs SoftKI's Algorithm 1 (minibatch Adam on the Hutchinson pseudo-loss,
-    ``pretrain_steps`` epochs at ``pretrain_lr``) on the pretraining set, learning
-    ``num_inducing`` interpolation points, the temperature, the kernel and the noise;
-    points and temperature are then frozen. Each arrival is ``observe`` followed by one
-    Adam step on the exact SoftKI marginal likelihood from the statistics, as for WISKI
-    without a projection: both cost the same at every ``n``.
-    """
-
-    def __init__(self, X: Tensor, Y: Tensor, Yvar: Tensor | None, config: StreamConfig) -> None:
-        self.fixed_noise = Yvar is not None
-        pretrain = {"lr": config.pretrain_lr}
-        self.models = [
-            OnlineSoftKIGP(
-                X,
-                Y[:, c : c + 1],
-                None if Yvar is None else Yvar[:, c : c + 1],
-                likelihood=None if self.fixed_noise else GaussianLikelihood().to(X),
-                covar_module=_rbf_ard(X.shape[-1]).to(X),
-                # As for WISKI: Dirichlet targets are far from zero mean.
-                outcome_transform=Standardize(m=1) if self.fixed_noise else None,
-                **_protocol_mean(),
-                num_inducing=min(config.num_inducing, len(X)),
-                pretrain_epochs=config.pretrain_steps,
-                pretrain_options=pretrain,
-            ).eval()
-            for c in range(Y.shape[-1])
-        ]
-        params = [p for model in self.models for p in model.parameters() if p.requires_grad]
-        self.optimizer = _adam([{"params": params}], config.lr)
-
-    def step(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> None:
-        for c, model in enumerate(self.models):
-            model.observe(X, Y[:, c : c + 1], None if Yvar is None else Yvar[:, c : c + 1])
-        self.optimizer.zero_grad()
-        WiskiLearner._loss(self.models).backward()
-        self.optimizer.step()
-
-    def predict(self, X: Tensor) -> tuple[Tensor, Tensor]:
-        def one(X_chunk: Tensor) -> tuple[Tensor, Tensor]:
-            results = [
-                _marginals(m.posterior(X_chunk, observation_noise=not self.fixed_noise))
-                for m in self.models
-            ]
-            return torch.cat([r[0] for r in results], -1), torch.cat([r[1] for r in results], -1)
-
-        return _chunked(X, one)
-
-
-LEARNERS: dict[str, type[OnlineLearner]] = {
-    "wiski": WiskiLearner,
-    "softki": SoftKILearner,
-    "exact": ExactLearner,
-    "exact-projected": ProjectedExactLearner,
-    "osvgp": OSVGPLearner,
-    "osgpr": OSGPRLearner,
-    "svdgp": SVDGPLearner,
-    "local": LocalLearner,
-}
-#: Classification variants: Dirichlet targets for wiski/softki/exact, Bernoulli for osvgp.
-CLASSIFIERS: dict[str, type[OnlineLearner]] = {
-    "wiski": WiskiLearner,
-    "softki": SoftKILearner,
-    "exact": ExactLearner,
-    "exact-projected": ProjectedExactLearner,
-    "osvgp": OSVGPClassifierLearner,
-}
-CLASSIFICATION_MODELS = tuple(CLASSIFIERS)
-#: Models the protocol can run (regression); classification: :data:`CLASSIFICATION_MODELS`.
-STREAM_MODELS = tuple(LEARNERS)
+def make_learner(
+    name: str,
+    X: Tensor,
+    Y: Tensor,
+    Yvar: Tensor | None,
+    config: StreamConfig,
+    *,
+    classification: bool = False,
+) -> Learner:
+    r"""The :class:`Learner` of the model registered as ``name`` (see :class:`Learner`)."""
+    return Learner(name, X, Y, Yvar, config, classification=classification)

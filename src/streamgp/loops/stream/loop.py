@@ -12,19 +12,14 @@ from torch import Tensor
 from streamgp.datasets.preprocessing import StreamingSplit
 from streamgp.loops.base import Loop, Stopwatch
 from streamgp.loops.stream.config import StreamConfig
-from streamgp.loops.stream.learners import (
-    CLASSIFICATION_MODELS,
-    CLASSIFIERS,
-    LEARNERS,
-    STREAM_MODELS,
-    OnlineLearner,
-)
+from streamgp.loops.stream.learners import Learner, make_learner
 from streamgp.loops.stream.metrics import (
     classification_metrics,
     dirichlet_probabilities,
     dirichlet_targets,
     regression_metrics,
 )
+from streamgp.models.registry import get_model_spec, registered_models
 from streamgp.utils.validation import check_count
 
 
@@ -38,7 +33,8 @@ class StreamingLoop(Loop):
 
     Args:
         split: A :class:`~streamgp.datasets.StreamingSplit`.
-        model: One of :data:`STREAM_MODELS` (classification: :data:`CLASSIFICATION_MODELS`).
+        model: A registered model the protocol runs (``registered_models(loop="stream")``;
+            classification: those with the ``"classification"`` capability).
         batch_size: Observations per step.
         eval_every: Steps between test evaluations (default: about ``num_evals``
             evaluations over the stream).
@@ -66,13 +62,14 @@ class StreamingLoop(Loop):
     ) -> None:
         if not isinstance(split, StreamingSplit):
             raise TypeError(f"split must be a StreamingSplit, got {type(split).__name__}.")
-        if model not in STREAM_MODELS:
-            raise ValueError(f"model must be one of {list(STREAM_MODELS)}, got {model!r}.")
+        stream_models = registered_models(loop="stream")  # what is registered now
+        if model not in stream_models:
+            raise ValueError(f"model must be one of {list(stream_models)}, got {model!r}.")
         self.classification = split.task == "classification"
-        if self.classification and model not in CLASSIFICATION_MODELS:
+        classifiers = registered_models("classification", loop="stream")
+        if self.classification and model not in classifiers:
             raise ValueError(
-                f"model {model!r} has no classification variant; choose from "
-                f"{list(CLASSIFICATION_MODELS)}."
+                f"model {model!r} has no classification variant; choose from {list(classifiers)}."
             )
         check_count(batch_size, "batch_size", minimum=1)
         check_count(num_evals, "num_evals", minimum=1)
@@ -87,11 +84,11 @@ class StreamingLoop(Loop):
         self.batch_size = batch_size
         self.stream_config = config
         stream = len(split.online_X) if max_stream is None else min(max_stream, len(split.online_X))
-        if model.startswith("exact") and config.exact_max is not None:
+        if get_model_spec(model).stream.capped and config.exact_max is not None:
             stream = max(0, min(stream, config.exact_max - split.num_pretrain))
         self.stream_length = stream
         self.eval_every = eval_every or max(1, self.num_steps // num_evals)
-        self.learner: OnlineLearner | None = None
+        self.learner: Learner | None = None
 
     @property
     def num_steps(self) -> int:
@@ -144,9 +141,15 @@ class StreamingLoop(Loop):
     def _initialize(self, watch: Stopwatch) -> dict[str, Any]:
         X = self.split.pretrain_X.to(**self.tkwargs)
         Y, Yvar = self._targets(self.split.pretrain_Y)
-        learners = CLASSIFIERS if self.classification else LEARNERS
         with watch("fit"):
-            self.learner = learners[self.model_name](X, Y, Yvar, self.stream_config)
+            self.learner = make_learner(
+                self.model_name,
+                X,
+                Y,
+                Yvar,
+                self.stream_config,
+                classification=self.classification,
+            )
         return {"num_observations": len(X), **self._evaluate()}
 
     def _step(self, watch: Stopwatch) -> dict[str, Any]:
@@ -163,10 +166,22 @@ class StreamingLoop(Loop):
         return record
 
     def _state(self) -> dict[str, Any]:
-        return {"learner": self.learner}
+        return {"learner": self.learner.state_dict()}
 
     def _load_state(self, state: dict[str, Any]) -> None:
-        self.learner = state["learner"]
+        # Rebuilt on the first batch without pretraining, then given the saved state; the
+        # loop's own random stream is restored apart (a build may draw from it).
+        X = self.split.pretrain_X.to(**self.tkwargs)
+        Y, Yvar = self._targets(self.split.pretrain_Y)
+        with torch.random.fork_rng(devices=self._rng_devices()):
+            self.learner = Learner.restored(
+                state["learner"],
+                X,
+                Y,
+                Yvar,
+                self.stream_config,
+                classification=self.classification,
+            )
 
     def run(self, num_steps: int | None = None, **kwargs: Any) -> pd.DataFrame:
         r"""Run the stream (all of it by default); see :meth:`Loop.run`."""
