@@ -39,6 +39,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from streamgp.utils.validation import check_count
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -490,6 +492,12 @@ class GridTask:
     progress: bool = False
     keep_chosen: bool = False
 
+    @classmethod
+    def under(cls, out: Path | None, name: str, **fields: Any) -> GridTask:
+        r"""A task whose checkpoint is ``out/checkpoints/<name>.pt`` (none without ``out``)."""
+        checkpoint = None if out is None else Path(out) / "checkpoints" / f"{name}.pt"
+        return cls(name=name, checkpoint=checkpoint, **fields)
+
 
 def run_grid_task(task: GridTask) -> tuple[pd.DataFrame, list[int] | None]:
     r"""Run one task: build the loop, resume from its checkpoint if present, run, save.
@@ -536,6 +544,37 @@ def run_grid(
     return executor.map(run_grid_task, tasks, names=names, progress=progress)
 
 
+def trial_seeds(trials: int, first_trial: int = 0) -> range:
+    r"""The seeds of ``trials`` trials from ``first_trial`` (both validated, by name)."""
+    check_count(trials, "trials", minimum=1)
+    check_count(first_trial, "first_trial")
+    return range(first_trial, first_trial + trials)
+
+
+def run_grid_curves(
+    tasks: Sequence[GridTask],
+    executor: Executor | Any | None = None,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    csv: Path | None = None,
+) -> tuple[pd.DataFrame, list[tuple[pd.DataFrame, list[int] | None]]]:
+    r""":func:`run_grid`, and its curves concatenated into one long-format frame.
+
+    Returns:
+        The frame (also written to ``csv`` when given, its folder created) and the
+        per-task outputs of :func:`run_grid`.
+    """
+    import pandas as pd
+
+    outputs = run_grid(tasks, executor, resume=resume, progress=progress)
+    results = pd.concat([frame for frame, _ in outputs], ignore_index=True)
+    if csv is not None:
+        csv.parent.mkdir(parents=True, exist_ok=True)
+        results.to_csv(csv, index=False)
+    return results, outputs
+
+
 __all__ = [
     "CLUSTER_EXTRA",
     "DaskExecutor",
@@ -547,6 +586,8 @@ __all__ = [
     "import_distributed",
     "make_executor",
     "run_grid",
+    "run_grid_curves",
     "run_grid_task",
     "set_torch_threads",
+    "trial_seeds",
 ]

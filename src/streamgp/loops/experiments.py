@@ -29,12 +29,18 @@ from torch import Tensor
 from streamgp.loops.acquisition import AcquisitionOptions
 from streamgp.loops.active import ActiveLearningLoop
 from streamgp.loops.bo import BayesOptLoop, make_test_function
-from streamgp.loops.executors import Executor, GridTask, run_grid, run_grid_task
+from streamgp.loops.executors import (
+    Executor,
+    GridTask,
+    run_grid,
+    run_grid_curves,
+    run_grid_task,
+    trial_seeds,
+)
 
 # The streaming runner lives with its protocol (streamgp.loops.stream); it is named here
 # too, as the runner behind ``streamgp stream``.
 from streamgp.loops.stream import StreamSplits, run_stream_experiment
-from streamgp.utils.validation import check_count
 
 
 def malaria_kernel(dim: int) -> ScaleKernel:
@@ -64,6 +70,13 @@ def malaria_pool_and_test(full: bool = False, seed: int = 0):
 
 def _bo_loop(function: str, dim: int, noise_std: float | None, **options) -> BayesOptLoop:
     return BayesOptLoop(make_test_function(function, dim=dim, noise_std=noise_std), **options)
+
+
+def _run_options(
+    model: str, trial: int, model_options: dict[str, dict[str, Any]] | None
+) -> dict[str, Any]:
+    r"""A run's own loop options: its model, that model's options, and its seed."""
+    return {"model": model, "model_options": (model_options or {}).get(model), "seed": trial}
 
 
 def run_bo_experiment(
@@ -119,50 +132,40 @@ def run_bo_experiment(
         >>> with DaskExecutor(workers=4) as executor:  # doctest: +SKIP
         ...     run_bo_experiment("levy", trials=8, out="results", executor=executor)
     """
-    check_count(trials, "trials", minimum=1)
-    check_count(first_trial, "first_trial")
     out = None if out is None else Path(out)
-    tasks = []
-    for trial in range(first_trial, first_trial + trials):
-        for model in models:
-            name = f"bo_{function}_{acquisition}_{model}_{trial}"
-            options = dict(
-                function=function,
-                dim=dim,
-                noise_std=noise_std,
-                model=model,
-                acquisition=acquisition,
-                q=q,
-                num_init=num_init,
-                fit_every=fit_every,
-                fit_max_iter=fit_max_iter,
-                acquisition_options=acquisition_options,
-                model_options=(model_options or {}).get(model),
-                seed=trial,
-                device=device,
-            )
-            tasks.append(
-                GridTask(
-                    name=name,
-                    build=_bo_loop,
-                    options=options,
-                    steps=min(steps, (max_steps or {}).get(model, steps)),
-                    labels={"model": model, "trial": trial, "function": function},
-                    checkpoint=None if out is None else out / "checkpoints" / f"{name}.pt",
-                    checkpoint_every=checkpoint_every,
-                    progress=progress,
-                )
-            )
-    outputs = run_grid(tasks, executor, resume=resume, progress=progress)
-    results = pd.concat([frame for frame, _ in outputs], ignore_index=True)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        stem = f"bo_{function}_{acquisition}"
-        results.to_csv(out / f"{stem}.csv", index=False)
-        if plots:
-            from streamgp.plotting import plot_bo
+    common = dict(
+        function=function,
+        dim=dim,
+        noise_std=noise_std,
+        acquisition=acquisition,
+        q=q,
+        num_init=num_init,
+        fit_every=fit_every,
+        fit_max_iter=fit_max_iter,
+        acquisition_options=acquisition_options,
+        device=device,
+    )
+    tasks = [
+        GridTask.under(
+            out,
+            f"bo_{function}_{acquisition}_{model}_{trial}",
+            build=_bo_loop,
+            options={**common, **_run_options(model, trial, model_options)},
+            steps=min(steps, (max_steps or {}).get(model, steps)),
+            labels={"model": model, "trial": trial, "function": function},
+            checkpoint_every=checkpoint_every,
+            progress=progress,
+        )
+        for trial in trial_seeds(trials, first_trial)
+        for model in models
+    ]
+    stem = f"bo_{function}_{acquisition}"
+    csv = None if out is None else out / f"{stem}.csv"
+    results, _ = run_grid_curves(tasks, executor, resume=resume, progress=progress, csv=csv)
+    if out is not None and plots:
+        from streamgp.plotting import plot_bo
 
-            plot_bo(results, out / f"{stem}.png", title=f"{function} ({acquisition}, q={q})")
+        plot_bo(results, out / f"{stem}.png", title=f"{function} ({acquisition}, q={q})")
     return results
 
 
@@ -209,69 +212,62 @@ def run_active_experiment(
     :func:`run_bo_experiment` and :class:`~streamgp.loops.ActiveLearningLoop`.
     """
     out = None if out is None else Path(out)
-    tasks = []
-    for trial in range(trials):
-        for model in models:
-            for acquisition in acquisitions:
-                run = f"{name}_{model}_{acquisition}_{trial}"
-                options = dict(
-                    pool_X=pool_X,
-                    pool_Y=pool_Y,
-                    test_X=test_X,
-                    test_Y=test_Y,
-                    pool_Yvar=pool_Yvar,
-                    model=model,
-                    acquisition=acquisition,
-                    q=q,
-                    num_init=num_init,
-                    num_mc_points=num_mc_points,
-                    candidates_per_step=candidates_per_step,
-                    fit_every=fit_every,
-                    fit_max_iter=fit_max_iter,
-                    kernel_factory=kernel_factory,
-                    model_options=(model_options or {}).get(model),
-                    acquisition_options=acquisition_options,
-                    seed=trial,
-                    device=device,
-                )
-                tasks.append(
-                    GridTask(
-                        name=run,
-                        build=ActiveLearningLoop,
-                        options=options,
-                        steps=min(steps, (max_steps or {}).get(model, steps)),
-                        labels={"model": model, "acquisition": acquisition, "trial": trial},
-                        checkpoint=None if out is None else out / "checkpoints" / f"{run}.pt",
-                        checkpoint_every=checkpoint_every,
-                        progress=progress,
-                        keep_chosen=trial == 0,
-                    )
-                )
-    outputs = run_grid(tasks, executor, resume=resume, progress=progress)
-    results = pd.concat([frame for frame, _ in outputs], ignore_index=True)
+    common = dict(
+        pool_X=pool_X,
+        pool_Y=pool_Y,
+        test_X=test_X,
+        test_Y=test_Y,
+        pool_Yvar=pool_Yvar,
+        q=q,
+        num_init=num_init,
+        num_mc_points=num_mc_points,
+        candidates_per_step=candidates_per_step,
+        fit_every=fit_every,
+        fit_max_iter=fit_max_iter,
+        kernel_factory=kernel_factory,
+        acquisition_options=acquisition_options,
+        device=device,
+    )
+    tasks = [
+        GridTask.under(
+            out,
+            f"{name}_{model}_{acquisition}_{trial}",
+            build=ActiveLearningLoop,
+            options={
+                **common,
+                **_run_options(model, trial, model_options),
+                "acquisition": acquisition,
+            },
+            steps=min(steps, (max_steps or {}).get(model, steps)),
+            labels={"model": model, "acquisition": acquisition, "trial": trial},
+            checkpoint_every=checkpoint_every,
+            progress=progress,
+            keep_chosen=trial == 0,
+        )
+        for trial in trial_seeds(trials)
+        for model in models
+        for acquisition in acquisitions
+    ]
+    csv = None if out is None else out / f"{name}.csv"
+    results, outputs = run_grid_curves(tasks, executor, resume=resume, progress=progress, csv=csv)
     chosen = {
         f"{task.labels['model']} / {task.labels['acquisition']}": indices
         for task, (_, indices) in zip(tasks, outputs, strict=True)
         if task.keep_chosen
     }
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        results.to_csv(out / f"{name}.csv", index=False)
-        if plots:
-            from streamgp.plotting import plot_active, plot_malaria_map, plot_queries
+    if out is not None and plots:
+        from streamgp.plotting import plot_active, plot_malaria_map, plot_queries
 
-            plot_active(results, out / f"{name}.png", title=name)
-            if malaria_map:
-                runs = {}
-                for task in tasks:
-                    if task.keep_chosen:
-                        label = f"{task.labels['model']} / {task.labels['acquisition']}"
-                        runs[label] = task.build(**task.options).load(task.checkpoint)
-                plot_malaria_map(runs, out / f"{name}_queries.png", title=name)
-            else:
-                plot_queries(
-                    test_X.cpu(), pool_X.cpu(), chosen, num_init, out / f"{name}_queries.png"
-                )
+        plot_active(results, out / f"{name}.png", title=name)
+        if malaria_map:
+            runs = {}
+            for task in tasks:
+                if task.keep_chosen:
+                    label = f"{task.labels['model']} / {task.labels['acquisition']}"
+                    runs[label] = task.build(**task.options).load(task.checkpoint)
+            plot_malaria_map(runs, out / f"{name}_queries.png", title=name)
+        else:
+            plot_queries(test_X.cpu(), pool_X.cpu(), chosen, num_init, out / f"{name}_queries.png")
     return results
 
 

@@ -100,7 +100,6 @@ from streamgp.loops.stream.learners import (
     PREDICT_CHUNK,
     STREAM_MODELS,
     Learner,
-    make_learner,
 )
 from streamgp.loops.stream.loop import StreamingLoop
 from streamgp.loops.stream.metrics import (
@@ -122,7 +121,6 @@ __all__ = [
     "StreamSplits",
     "StreamingLoop",
     "classification_metrics",
-    "make_learner",
     "dirichlet_probabilities",
     "dirichlet_targets",
     "evaluations_nearest",

@@ -28,7 +28,7 @@ from streamgp.loops.stream.config import StreamConfig
 from streamgp.models import LearnedProjection
 from streamgp.models.registry import get_model_spec, registered_models
 
-__all__ = ["CLASSIFICATION_MODELS", "PREDICT_CHUNK", "STREAM_MODELS", "Learner", "make_learner"]
+__all__ = ["CLASSIFICATION_MODELS", "PREDICT_CHUNK", "STREAM_MODELS", "Learner"]
 
 #: Rows per joint posterior when predicting the test set (its covariance is
 #: ``chunk x chunk``; only the marginal variances are used).
@@ -360,16 +360,3 @@ class Learner:
                 means.append(torch.cat([p.mean for p in posteriors], -1))
                 variances.append(torch.cat([p.variance for p in posteriors], -1))
         return torch.cat(means), torch.cat(variances)
-
-
-def make_learner(
-    name: str,
-    X: Tensor,
-    Y: Tensor,
-    Yvar: Tensor | None,
-    config: StreamConfig,
-    *,
-    classification: bool = False,
-) -> Learner:
-    r"""The :class:`Learner` of the model registered as ``name`` (see :class:`Learner`)."""
-    return Learner(name, X, Y, Yvar, config, classification=classification)

@@ -12,7 +12,7 @@ from torch import Tensor
 from streamgp.datasets.preprocessing import StreamingSplit
 from streamgp.loops.base import Loop, Stopwatch
 from streamgp.loops.stream.config import StreamConfig
-from streamgp.loops.stream.learners import Learner, make_learner
+from streamgp.loops.stream.learners import Learner
 from streamgp.loops.stream.metrics import (
     classification_metrics,
     dirichlet_probabilities,
@@ -142,7 +142,7 @@ class StreamingLoop(Loop):
         X = self.split.pretrain_X.to(**self.tkwargs)
         Y, Yvar = self._targets(self.split.pretrain_Y)
         with watch("fit"):
-            self.learner = make_learner(
+            self.learner = Learner(
                 self.model_name,
                 X,
                 Y,

@@ -10,10 +10,9 @@ from typing import Any
 import pandas as pd
 import torch
 
-from streamgp.loops.executors import Executor, GridTask, run_grid
+from streamgp.loops.executors import Executor, GridTask, run_grid_curves, trial_seeds
 from streamgp.loops.stream.config import StreamConfig
 from streamgp.loops.stream.loop import StreamingLoop
-from streamgp.utils.validation import check_count
 
 
 @dataclass(frozen=True)
@@ -109,43 +108,34 @@ def run_stream_experiment(
         ...     run_stream_experiment(StreamSplits("powerplant"), name="powerplant",
         ...                           trials=5, out="results", executor=executor)
     """
-    check_count(trials, "trials", minimum=1)
-    check_count(first_trial, "first_trial")
     out = None if out is None else Path(out)
-    tasks = []
-    for trial in range(first_trial, first_trial + trials):
-        for model in models:
-            run = f"stream_{name}_{model}_{trial}"
-            options = dict(
-                split_factory=split_factory,
-                trial=trial,
-                model=model,
-                batch_size=batch_size,
-                num_evals=num_evals,
-                max_stream=max_stream,
-                config=config,
-                device=device,
-                dtype=dtype,
-            )
-            tasks.append(
-                GridTask(
-                    name=run,
-                    build=_stream_loop,
-                    options=options,
-                    steps=None,
-                    labels={"model": model, "trial": trial, "dataset": name},
-                    checkpoint=None if out is None else out / "checkpoints" / f"{run}.pt",
-                    checkpoint_every=None,
-                    progress=progress,
-                )
-            )
-    outputs = run_grid(tasks, executor, resume=resume, progress=progress)
-    results = pd.concat([frame for frame, _ in outputs], ignore_index=True)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        results.to_csv(out / f"stream_{name}.csv", index=False)
-        if plots:
-            from streamgp.plotting import plot_stream
+    common = dict(
+        split_factory=split_factory,
+        batch_size=batch_size,
+        num_evals=num_evals,
+        max_stream=max_stream,
+        config=config,
+        device=device,
+        dtype=dtype,
+    )
+    tasks = [
+        GridTask.under(
+            out,
+            f"stream_{name}_{model}_{trial}",
+            build=_stream_loop,
+            options={**common, "trial": trial, "model": model},
+            steps=None,
+            labels={"model": model, "trial": trial, "dataset": name},
+            checkpoint_every=None,
+            progress=progress,
+        )
+        for trial in trial_seeds(trials, first_trial)
+        for model in models
+    ]
+    csv = None if out is None else out / f"stream_{name}.csv"
+    results, _ = run_grid_curves(tasks, executor, resume=resume, progress=progress, csv=csv)
+    if out is not None and plots:
+        from streamgp.plotting import plot_stream
 
-            plot_stream(results, out / f"stream_{name}.png", title=name)
+        plot_stream(results, out / f"stream_{name}.png", title=name)
     return results
