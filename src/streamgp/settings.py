@@ -51,6 +51,8 @@ from gpytorch.settings import _feature_flag
 from torch import Tensor
 
 __all__ = [
+    "MAX_DENSE_GRID",
+    "STATISTICS_CHUNK",
     "ValueChecks",
     "active_value_checks",
     "deferred_value_checks",
@@ -59,6 +61,16 @@ __all__ = [
     "value_check",
     "value_warning",
 ]
+
+# ------------------------------------------------------------------ tuning constants
+# Defined once here; the grid models' class attributes of the same names default to
+# them and can be overridden per class (``WiskiGP.MAX_DENSE_GRID = ...``).
+
+#: Largest grid (in points) whose ``m x m`` algebra a grid model forms densely; larger
+#: grids take the structured, LOVE-rooted path (decided at construction).
+MAX_DENSE_GRID = 4096
+#: Rows per chunk when a grid model accumulates the statistics of many observations.
+STATISTICS_CHUNK = 8192
 
 
 class skip_value_checks(_feature_flag):  # noqa: N801 (gpytorch's settings style)

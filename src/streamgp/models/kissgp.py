@@ -124,6 +124,7 @@ from linear_operator.operators import (
 )
 from torch import Tensor
 
+from streamgp import settings
 from streamgp.interpolation.grid import (
     EXTRAPOLATION_POLICIES,
     CubicGridInterpolation,
@@ -267,11 +268,11 @@ class KissGP(
     _num_outputs = 1
     #: Largest grid that uses the exact dense ``m x m`` grid posterior; larger grids
     #: always use the LOVE root (separable kernels only).
-    MAX_DENSE_GRID = 4096
+    MAX_DENSE_GRID = settings.MAX_DENSE_GRID
     #: LOVE tolerance (see the module docs for what it bounds); settable per model.
     love_tolerance: float = DEFAULT_TOLERANCE
     #: Rows per chunk when accumulating the grid statistics from the data.
-    STATISTICS_CHUNK = 8192
+    STATISTICS_CHUNK = settings.STATISTICS_CHUNK
 
     construct_inputs = classmethod(construct_inputs_with_options)
     #: The weighted statistics of the data (see also ``_posterior_cache``).

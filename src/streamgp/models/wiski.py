@@ -120,6 +120,7 @@ from linear_operator.operators import (
 )
 from torch import Tensor
 
+from streamgp import settings
 from streamgp.interpolation.grid import (
     EXTRAPOLATION_POLICIES,
     CubicGridInterpolation,
@@ -380,11 +381,11 @@ class WiskiGP(
     _num_outputs = 1
     #: Largest grid that keeps the exact dense ``m x m`` root; larger grids use the
     #: structured LOVE path (decided at construction).
-    MAX_DENSE_GRID = 4096
+    MAX_DENSE_GRID = settings.MAX_DENSE_GRID
     #: LOVE tolerance (relative uncaptured trace of ``Sigma_U``); settable per model.
     love_tolerance: float = DEFAULT_TOLERANCE
     #: Rows per chunk when accumulating the statistics of the constructor's data.
-    STATISTICS_CHUNK = 8192
+    STATISTICS_CHUNK = settings.STATISTICS_CHUNK
     #: Default ``data_space_limit``; None means ``min(m, MAX_DENSE_GRID)``.
     DATA_SPACE_LIMIT: int | None = None
     #: Whether a subclass's ``interpolation`` is a grid it can grow (it then keeps data
