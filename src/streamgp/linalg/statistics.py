@@ -1,6 +1,7 @@
 r"""What an SKI model keeps of its observations: grid-space or data-space statistics.
 
-Both classes offer one interface, so a model holds either and never asks which:
+Both classes offer one interface, the :class:`Statistics` protocol, so a model holds
+either and never asks which:
 
 - ``add(weights, y, noise)``: a new object that also holds ``q`` more rows;
 - ``log_marginal_likelihood(kernel_root, noise_variance, tol)``: exact SKI ``log p(y)``,
@@ -36,6 +37,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from functools import cached_property
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -57,6 +59,59 @@ from streamgp.linalg.woodbury import (
 )
 
 _LOG_2PI = math.log(2.0 * math.pi)
+
+
+@runtime_checkable
+class Statistics(Protocol):
+    r"""The interface of :class:`GridStatistics` and :class:`DataStatistics` (see above).
+
+    Example:
+        >>> like = torch.zeros(1, dtype=torch.float64)
+        >>> isinstance(GridStatistics.empty(16, like, fixed_noise=False, sparse=False), Statistics)
+        True
+        >>> isinstance(DataStatistics.empty([4, 4], like, fixed_noise=False), Statistics)
+        True
+    """
+
+    @property
+    def count(self) -> int: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def add(self, weights: InterpolationWeights, y: Tensor, noise: Tensor | None = None) -> Any:
+        r"""New statistics that also hold ``q`` more rows (this object is unchanged)."""
+
+    def to_grid(self) -> GridStatistics:
+        r"""The grid-space statistics of the same rows."""
+
+    def log_marginal_likelihood(
+        self, kernel_root: GridKernelRoot, noise_variance: Tensor, tol: float = DEFAULT_TOLERANCE
+    ) -> Tensor:
+        r"""Exact SKI ``log p(y)``, differentiable in the hyperparameters."""
+
+    def posterior(
+        self, kernel_root: GridKernelRoot, noise_variance: Tensor, tol: float = DEFAULT_TOLERANCE
+    ) -> GridPosterior | DataPosterior:
+        r"""The exact SKI posterior."""
+
+    def target_moments(self) -> tuple[Tensor, Tensor]:
+        r"""``(sum y, sum y^2)`` of the rows (homoskedastic noise only)."""
+
+    def shift(self, beta: Tensor) -> Any:
+        r"""The statistics of ``y + beta``."""
+
+    def affine(self, alpha: Tensor, beta: Tensor) -> Any:
+        r"""The statistics of ``alpha y + beta`` (noise ``alpha^2 lambda``)."""
+
+    def select_outputs(self, pick: Any) -> Any:
+        r"""The statistics of some outputs."""
+
+    def apply(self, fn: Any) -> Any:
+        r"""Every tensor passed through ``fn`` (a device or dtype move)."""
 
 
 def _noise_sums(y: Tensor, noise: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
