@@ -63,6 +63,7 @@ References:
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -85,6 +86,7 @@ from streamgp.models.softki import (
     check_constant_mean,
     check_point_options,
 )
+from streamgp.models.utils import transaction
 from streamgp.models.utils.defaults import DEFAULT, _DefaultType
 from streamgp.models.wiski import WiskiGP
 from streamgp.settings import value_warning
@@ -264,6 +266,16 @@ class OnlineSoftKIGP(WiskiGP):
     """
 
     data_state_prefixes = (*WiskiGP.data_state_prefixes, "interpolation.")
+    #: WiskiGP's, and the kept observations (a list replaced, not written into).
+    mutable_state = replace(
+        WiskiGP.mutable_state, attributes=(*WiskiGP.mutable_state.attributes, "_kept")
+    )
+    #: What :meth:`refit_points` and :meth:`restandardize` may change besides: the
+    #: hyperparameters and the transform they write into.
+    _refit_state = replace(
+        mutable_state,
+        modules=("likelihood", "outcome_transform", "mean_module", "covar_module"),
+    )
 
     def __init__(
         self,
@@ -477,8 +489,13 @@ class OnlineSoftKIGP(WiskiGP):
             Yvar: ``q x 1`` noise variances; required exactly with ``train_Yvar``.
 
         Returns:
-            The model itself. On invalid input, raises and leaves the model unchanged.
+            The model itself. On invalid input (or any failure), raises and leaves the
+            model unchanged.
         """
+        with transaction(self):  # the kept rows too
+            return self._observe_and_keep(X, Y, Yvar)
+
+    def _observe_and_keep(self, X: Tensor, Y: Tensor, Yvar: Tensor | None) -> OnlineSoftKIGP:
         super().observe(X, Y, Yvar)
         if self.keep_data and len(X):
             X_t, Y_t, Yvar_t = self._transform_new_data(X, Y, Yvar)
@@ -517,7 +534,14 @@ class OnlineSoftKIGP(WiskiGP):
             RuntimeError: Without ``keep_data=True``, or on a model conditioned with
                 ``condition_on_observations`` (whose rows are not kept).
             ValueError: On invalid options or no data; the model is then unchanged.
+            On any failure (an interrupt included) the model is unchanged.
         """
+        with transaction(self, self._refit_state):  # it also learns the hyperparameters
+            return self._refit_points(num_epochs, num_inducing, **fit_options)
+
+    def _refit_points(
+        self, num_epochs: int, num_inducing: int | None, **fit_options: Any
+    ) -> OnlineSoftKIGP:
         if not self.keep_data:
             raise RuntimeError(
                 "refit_points needs the raw observations: build the model with "
@@ -564,6 +588,10 @@ class OnlineSoftKIGP(WiskiGP):
         ``alpha c + beta`` (so the model is unchanged when the hyperparameters are
         rescaled too) and the kept data follow.
         """
+        with transaction(self, self._refit_state):  # the kept data follow the transform
+            return self._restandardize_kept(rescale_hyperparameters)
+
+    def _restandardize_kept(self, rescale_hyperparameters: bool) -> OnlineSoftKIGP:
         transform = getattr(self, "outcome_transform", None)
         before = None
         if isinstance(transform, Standardize):

@@ -93,6 +93,7 @@ References:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import warnings
@@ -142,9 +143,11 @@ from streamgp.models.base import StreamingModelMixin
 from streamgp.models.utils import (
     CachedPosteriorMixin,
     FrozenTransformsMixin,
+    MutableState,
     conditioning_noise,
     fit_frozen_transforms,
     shallow_view,
+    transaction,
     transform_new_data,
 )
 from streamgp.models.utils.observations import ObservationStore
@@ -401,6 +404,26 @@ class WiskiGP(
     #: (exact grid posterior it was derived from, tolerance, LOVE grid posterior)
     _love_cache: tuple[GridPosterior, float, GridPosterior] | None
     _correction: LowRankCorrection | DataCorrection | None
+    #: What ``observe`` (with its deferred folds and re-grids) may change, restored if it
+    #: raises (:func:`~streamgp.models.utils.transaction.transaction`, any exception):
+    #: the statistics, the grid, the caches and pending rows (all replaced, not written
+    #: into: kept by reference), the likelihood's noise (fixed noise: the mean noise is
+    #: replaced) and the kept observations' count.
+    mutable_state = MutableState(
+        attributes=(
+            "_statistics",
+            "_posterior",
+            "_love_cache",
+            "_pending_failure",
+            "_hyper_snapshot",
+            "_correction",
+            "_conditioning_log",
+            "_log_from_observe",
+            "interpolation",
+            "structured",
+        ),
+        objects=("observations", "likelihood.noise_covar"),
+    )
 
     def __init__(
         self,
@@ -1095,8 +1118,16 @@ class WiskiGP(
 
         Returns:
             The model itself. Learned (homoskedastic) noise only: grid statistics with
-            fixed noise keep only noise-weighted target sums.
+            fixed noise keep only noise-weighted target sums. If it raises, the model
+            is unchanged.
         """
+        # It also writes into the transform, the prior mean and the kernel's scales.
+        state = self.mutable_state
+        modules = ("likelihood", "outcome_transform", "mean_module", "covar_module")
+        with transaction(self, dataclasses.replace(state, modules=modules)):
+            return self._restandardize(rescale_hyperparameters)
+
+    def _restandardize(self, rescale_hyperparameters: bool) -> WiskiGP:
         if self._num_outputs > 1:
             raise ValueError(
                 "restandardize needs a single-output model: re-estimating each output's "
@@ -1236,8 +1267,13 @@ class WiskiGP(
                 the model was built with ``train_Yvar``.
 
         Returns:
-            The model itself. On invalid input, raises and leaves the model unchanged.
+            The model itself. On invalid input, or any failure (a factorisation, an
+            interrupt) on the way, raises and leaves the model unchanged.
         """
+        with transaction(self):  # any exception (KeyboardInterrupt too) rolls back
+            return self._observe(X, Y, Yvar)
+
+    def _observe(self, X: Tensor, Y: Tensor, Yvar: Tensor | None) -> WiskiGP:
         with self._checked_call() as checks:  # one host read of the value checks
             check_new_observations(
                 X,
