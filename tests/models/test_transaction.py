@@ -4,7 +4,15 @@ import pytest
 import torch
 from state_helpers import FailAt, assert_identical, assert_same_model, copy_model, fingerprint
 
-from streamgp.models import DecoupledSVGP, OnlineSGPR, OnlineSVGP, WiskiGP
+from streamgp.models import (
+    AdditiveWiskiGP,
+    DecoupledSVGP,
+    KissGP,
+    OnlineSGPR,
+    OnlineSoftKIGP,
+    OnlineSVGP,
+    WiskiGP,
+)
 from streamgp.models.utils import MutableState, TransactionalMixin, transaction
 
 
@@ -107,14 +115,15 @@ def test_wiski_a_failed_fold_keeps_no_batch_and_a_retry_counts_it_once(monkeypat
     batches = [_data(5, seed=s) for s in range(1, 8)]
     fail = FailAt(wiski.fold_low_rank, 1, error)
     monkeypatch.setattr(wiski, "fold_low_rank", fail)
-    for i, (Xb, Yb) in enumerate(batches):
+    for Xb, Yb in batches:
         reference = copy_model(model)
         try:
             model.observe(Xb, Yb)
         except error:
             break
     assert fail.calls == 1, "no fold was reached"
-    assert model.num_train == 30 + 5 * i == reference.num_train
+    i = (model.num_train - 30) // 5
+    assert i < len(batches) and model.num_train == 30 + 5 * i == reference.num_train
     monkeypatch.setattr(wiski, "fold_low_rank", fail.function)
     assert_same_model(model, reference, X_TEST)
     model.observe(Xb, Yb)  # the retry counts the batch once, exactly as without the fault
@@ -157,3 +166,76 @@ def test_an_interrupt_in_the_optimizer_steps_of_observe_is_rolled_back(monkeypat
     monkeypatch.undo()
     assert_identical(fingerprint(model, X_TEST), before)
     assert_same_model(model, reference, X_TEST)
+
+
+def _fail_after(model, name, error=KeyboardInterrupt):
+    r"""Make ``model.<name>`` run, then raise ``error`` (a fault after the state moved)."""
+    original = getattr(model, name)
+
+    def failing(*args, **kwargs):
+        original(*args, **kwargs)
+        raise error("injected fault after the update")
+
+    setattr(model, name, failing)
+    return lambda: delattr(model, name)
+
+
+def _online_softki(X, Y):
+    return OnlineSoftKIGP(X, Y, num_inducing=12, pretrain_epochs=1, keep_data=True)
+
+
+@pytest.mark.parametrize(
+    ("build", "update"),
+    [
+        (lambda X, Y: WiskiGP(X, Y, grid_size=12), lambda m: m.restandardize()),
+        (lambda X, Y: WiskiGP(X, Y, grid_size=12, data_space_limit=0), lambda m: m.restandardize()),
+        (_online_softki, lambda m: m.restandardize()),
+        (_online_softki, lambda m: m.refit_points(num_epochs=1, seed=0)),
+        (
+            lambda X, Y: WiskiGP(X, Y, grid_size=12, keep_data=True),
+            lambda m: m.observe(torch.full((1, 2), 1.5).double(), torch.ones(1, 1).double()),
+        ),
+        (
+            lambda X, Y: AdditiveWiskiGP(X, Y, grid_size=12, keep_data=True),
+            lambda m: m.observe(torch.full((1, 2), 1.5).double(), torch.ones(1, 1).double()),
+        ),
+    ],
+    ids=[
+        "wiski-restandardize",
+        "wiski-grid-restandardize",
+        "osoftki-restandardize",
+        "osoftki-refit_points",
+        "wiski-regrid",
+        "additive-regrid",
+    ],
+)
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_a_fault_after_the_state_moved_is_rolled_back(build, update, error):
+    X, Y = _data()
+    model = build(X, Y)
+    model.observe(*_data(4, seed=3))
+    model.posterior(X_TEST)
+    reference = copy_model(model)
+    undo = _fail_after(model, "_set_statistics", error)
+    with pytest.raises(error, match="injected"):
+        update(model)
+    undo()
+    assert_same_model(model, reference, X_TEST)
+    update(model)  # the retry does what the update would have done
+    update(reference)
+    assert_same_model(model, reference, X_TEST)
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_kissgp_a_fault_in_a_regrid_is_rolled_back(error):
+    X, Y = _data()
+    model = KissGP(X, Y, grid_size=12)
+    model.posterior(X_TEST)
+    reference = copy_model(model)
+    X_new, Y_new = torch.full((1, 2), 1.5).double(), torch.ones(1, 1).double()
+    undo = _fail_after(model, "_set_data", error)
+    with pytest.raises(error, match="injected"):
+        model.observe(X_new, Y_new)
+    undo()
+    assert_same_model(model, reference, X_TEST)
+    assert_same_model(model.observe(X_new, Y_new), reference.observe(X_new, Y_new), X_TEST)
