@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from state_helpers import assert_same_model, copy_model
+from state_helpers import assert_same_model, copy_model, fingerprint
 
 from streamgp.models import (
     AdditiveWiskiGP,
@@ -46,6 +46,7 @@ FUZZ = settings(
     deadline=None,
     derandomize=True,
     database=None,
+    phases=(Phase.explicit, Phase.generate),  # no shrinking: a failure reports as found
     suppress_health_check=[HealthCheck.too_slow],
 )
 
@@ -303,14 +304,17 @@ def test_constructor_builds_a_working_model_or_refuses(name, argument, kind, n, 
     args[argument] = _corrupt(args[argument], kind)
     try:
         model = BUILDERS[name](args["train_X"], args["train_Y"])
-        with torch.no_grad():
-            posterior = model.posterior(X_TEST)
     except BaseException as error:  # noqa: BLE001
-        # The training data are checked together: a dtype mismatch or an empty train_X
-        # may be reported on either argument.
-        _expect_clear_error(error, "train_X" if _names(error, "train_X") else "train_Y")
+        # The training data are checked together (and against the grid's box): a
+        # mismatch may be reported on either argument.
+        named = [a for a in ("train_X", "train_Y", "grid_bounds") if _names(error, a)]
+        _expect_clear_error(error, named[0] if named else argument)
         return
-    assert kind == "valid" or (n == 0 and kind in ("nan", "inf", "flat")), (
+    train_X = args["train_X"]
+    with torch.no_grad():
+        posterior = model.posterior(torch.full((5, train_X.shape[-1]), 0.5, dtype=train_X.dtype))
+    # Another last dimension of train_X is another input dimension, of train_Y more outputs.
+    assert kind in ("valid", "last_dim") or (n == 0 and kind in ("nan", "inf", "flat")), (
         f"the constructor accepted {kind} {argument}"
     )
     assert torch.isfinite(posterior.mean).all() and (posterior.variance >= 0).all()
@@ -406,6 +410,23 @@ def test_a_fault_at_any_linear_algebra_call_of_observe_changes_nothing(name, q):
 
 
 # -------------------------------------------------------------------- checkpoints
+#: Open finding: a data-space WiskiGP's checkpoint does not carry its posterior factors
+#: (a DataPosterior updated by rank-q updates), so the restored model refactorises and
+#: predicts to rounding, not bit for bit (test_data_space_wiski_restores_bit_for_bit).
+ROUNDING_RESTORE = ("WiskiGP",)
+
+
+def _assert_restored(receiver: Any, source: Any, name: str) -> None:
+    if name not in ROUNDING_RESTORE:
+        assert_same_model(receiver, source, X_TEST)
+        return
+    got, want = fingerprint(copy_model(receiver), X_TEST), fingerprint(copy_model(source), X_TEST)
+    for key in want["state"]:
+        assert torch.equal(got["state"][key], want["state"][key]), f"state_dict[{key!r}]"
+    torch.testing.assert_close(got["mean"], want["mean"], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(got["variance"], want["variance"], rtol=1e-10, atol=1e-12)
+
+
 CHECKPOINTED = tuple(BUILDERS)
 
 
@@ -442,7 +463,7 @@ def test_a_corrupted_checkpoint_is_refused_or_restores_exactly(name, how, positi
         assert isinstance(error, CLEAR_ERRORS + (KeyError, AttributeError, IndexError)), error
         assert_same_model(receiver, before, X_TEST)
         return
-    assert_same_model(receiver, source, X_TEST)
+    _assert_restored(receiver, source, name)
 
 
 #: Options that change what a checkpoint holds (its shapes or its kind of state).
@@ -474,4 +495,70 @@ def test_a_checkpoint_of_other_options_is_refused_or_exact(name, direction):
     except CLEAR_ERRORS:
         assert_same_model(receiver, before, X_TEST)
     else:  # accepted: then the receiver is the source
-        assert_same_model(receiver, source, X_TEST)
+        _assert_restored(receiver, source, name)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open (issue 37): a data-space WiskiGP's checkpoint has no posterior factors; "
+    "the restored model refactorises the statistics and matches to rounding only",
+)
+def test_data_space_wiski_restores_bit_for_bit():
+    source = _observed("WiskiGP")
+    receiver = _model("WiskiGP").restore(torch.load(io.BytesIO(_saved(source)), weights_only=True))
+    assert_same_model(receiver, source, X_TEST)
+
+
+# ----------------------------------------------------------- regression tests
+def test_softki_refuses_noise_batched_beyond_x_naming_it():
+    # Found by the fuzzer: an unbatched X with batched noise failed inside an expand.
+    model = _model("SoftKIGP")
+    X, Y = _batch(0, 2)
+    with pytest.raises(ValueError, match="noise must broadcast"):
+        model.condition_on_observations(X, Y, noise=torch.full((2, 2, 1), 0.01).double())
+    assert_same_model(model, _base("SoftKIGP"), X_TEST)
+
+
+def test_a_bit_flip_in_a_checkpoint_tensor_is_refused():
+    # Found by the fuzzer: a flipped bit in a tensor's data loaded and restored a
+    # different model; the checkpoint's checksum now refuses it.
+    source = _observed("WiskiGP-grid")
+    checkpoint = torch.load(io.BytesIO(_saved(source)), weights_only=True)
+    checkpoint["state_dict"]["statistics.b"].view(-1)[0] += 1e-9
+    receiver = _model("WiskiGP-grid")
+    with pytest.raises(ValueError, match="checksum"):
+        receiver.restore(checkpoint)
+    assert_same_model(receiver, _base("WiskiGP-grid"), X_TEST)
+
+
+@pytest.mark.parametrize("name", ["WiskiGP-grid", "AdditiveWiskiGP"])
+def test_a_grid_space_checkpoint_restores_bit_for_bit(name):
+    # Found by the fuzzer: the restored model refactorised the root that rank-q updates
+    # had built, so it predicted to rounding only; the checkpoint now carries the root.
+    source = _observed(name)
+    receiver = _model(name).restore(torch.load(io.BytesIO(_saved(source)), weights_only=True))
+    assert_same_model(receiver, source, X_TEST)
+
+
+def test_localgp_restores_the_options_of_its_checkpoint():
+    # Found by the fuzzer: a checkpoint of another n_max was loaded, then predictions failed.
+    source = OTHER_OPTIONS["LocalGP"](*_data(10, seed=3))
+    receiver = _observed("LocalGP").restore(
+        torch.load(io.BytesIO(_saved(source)), weights_only=True)
+    )
+    assert receiver.n_max == source.n_max
+    assert_same_model(receiver, source, X_TEST)
+
+
+def test_a_failed_restore_leaves_the_model_bit_for_bit():
+    # Found by the fuzzer: after a refused checkpoint the model was reloaded from a
+    # backup checkpoint and refactorised (its predictions moved in the last bits).
+    receiver = _observed("WiskiGP-grid")
+    before = copy_model(receiver)
+    other = OTHER_OPTIONS["AdditiveWiskiGP"](*_data(10, seed=3))
+    checkpoint = torch.load(io.BytesIO(_saved(other)), weights_only=True)
+    checkpoint["model"] = "WiskiGP"
+    del checkpoint["checksum"]
+    with pytest.raises((ValueError, RuntimeError)):
+        receiver.restore(checkpoint)
+    assert_same_model(receiver, before, X_TEST)

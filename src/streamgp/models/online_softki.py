@@ -79,7 +79,6 @@ from torch import Tensor
 from streamgp.interpolation.grid import InterpolationWeights
 from streamgp.interpolation.softmax import DenseInterpolationWeights, softmax_interpolation
 from streamgp.linalg.grid_kernel import GridKernelRoot, point_kernel_root
-from streamgp.linalg.woodbury import GridPosterior
 from streamgp.models.softki import (
     DEFAULT_NUM_INDUCING,
     SoftKIGP,
@@ -616,25 +615,14 @@ class OnlineSoftKIGP(WiskiGP):
         ]
 
     def _stream_state(self) -> dict[str, Any]:
-        r"""Options, the cached posterior factors and (``keep_data``) the raw observations.
-
-        The posterior of an observed model came from rank-``q`` updates; saving it (rather
-        than refactorising the statistics on restore) makes the restored model predict,
-        and continue the stream, bit for bit as this one.
-        """
+        r"""Options, the cached posterior factors (:meth:`WiskiGP._stream_state`) and
+        (``keep_data``) the raw observations."""
         state: dict[str, Any] = {
             "top_k": self.top_k,
             "squared_distance": self.squared_distance,
             "keep_data": self.keep_data,
         }
-        posterior = self._posterior
-        if (
-            isinstance(posterior, GridPosterior)
-            and self._correction is None
-            and self._caches_valid()
-        ):
-            state["posterior_root"] = posterior.root
-            state["posterior_mean"] = posterior.mean
+        state.update(self._posterior_state())
         if self.keep_data:
             X, y, noise = self.kept_data()
             state["kept_X"], state["kept_y"] = X, y
@@ -649,9 +637,7 @@ class OnlineSoftKIGP(WiskiGP):
         self._kept = []
         if self.keep_data and len(state["kept_y"]):
             self._kept = [(state["kept_X"], state["kept_y"], state.get("kept_noise"))]
-        if "posterior_root" in state:
-            self._posterior = GridPosterior(state["posterior_root"], state["posterior_mean"])
-            self._snapshot_hyperparameters()
+        self._set_posterior_state(state)
 
     def _prepare_state_load(self, state_dict: dict[str, Any]) -> None:
         # A checkpoint may have another number of points (refit_points(num_inducing=...)).

@@ -353,7 +353,7 @@ class OnlineSVGP(
         elif inducing_selector is None and (num_inducing < 1 or len(train_X) == 0):
             raise ValueError(
                 f"Cannot choose num_inducing={num_inducing} inducing points from "
-                f"{len(train_X)} training points; pass inducing_points, an "
+                f"{len(train_X)} training points (train_X); pass inducing_points, an "
                 "inducing_selector, or training points (and num_inducing >= 1)."
             )
 

@@ -803,7 +803,30 @@ class WiskiGP(
             "grid_size": self._grid_size_option,
             "data_space_limit": self.data_space_limit,
             "keep_data": self.observations is not None,
+            **self._posterior_state(),
         }
+
+    def _posterior_state(self) -> dict[str, Tensor]:
+        r"""The cached grid posterior, for a checkpoint (empty if there is none to save).
+
+        The posterior of an observed model came from rank-``q`` updates; saving it (rather
+        than refactorising the statistics on restore) makes the restored model predict,
+        and continue the stream, bit for bit as this one.
+        """
+        posterior = self._posterior
+        if (
+            isinstance(posterior, GridPosterior)
+            and self._correction is None
+            and self._caches_valid()
+        ):
+            return {"posterior_root": posterior.root, "posterior_mean": posterior.mean}
+        return {}
+
+    def _set_posterior_state(self, state: dict[str, Any]) -> None:
+        r"""Inverse of :meth:`_posterior_state` (after the statistics were loaded)."""
+        if "posterior_root" in state:
+            self._posterior = GridPosterior(state["posterior_root"], state["posterior_mean"])
+            self._snapshot_hyperparameters()
 
     def _set_stream_state(self, state: dict[str, Any]) -> None:
         keeps_data = self.observations is not None
@@ -813,6 +836,7 @@ class WiskiGP(
             size = state["grid_size"]
             self._grid_size_option = size if size is None or isinstance(size, int) else list(size)
             self.data_space_limit = int(state["data_space_limit"])
+        self._set_posterior_state(state)
 
     def _load_grid(self, bounds: Tensor, size: Tensor) -> None:
         r"""Move to the grid a checkpoint's statistics live on (before loading them)."""
