@@ -173,12 +173,12 @@ class CheckpointMixin:
                 f"checkpoint['model'] is {saved_class}: a {saved_class} checkpoint cannot be "
                 f"restored into a {type(self).__name__}; the model is unchanged."
             )
+        _check_no_nan_state(checkpoint)
         if "checksum" in checkpoint and checkpoint["checksum"] != checkpoint_checksum(checkpoint):
             raise ValueError(
                 "checkpoint['checksum'] does not match its contents: the checkpoint is "
-                "corrupted; the model is unchanged."
+                "corrupted (or was edited); the model is unchanged."
             )
-        _check_no_nan_state(checkpoint)
         # What the model's updates may change (its state and caches, by reference) is
         # put back after the backup: the model then predicts bit for bit as before.
         kept = take_snapshot(self) if hasattr(self, "mutable_state") else None

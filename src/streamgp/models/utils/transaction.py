@@ -37,7 +37,7 @@ class MutableState:
         modules: Modules whose ``state_dict`` is cloned and loaded back (``""`` for the
             model itself), after the attributes, so that resized state is in place.
             torch's ``load_state_dict`` is used: a model's own has warm-start semantics.
-            ``None`` values (an absent transform) are skipped.
+            Absent or ``None`` modules (no outcome transform) are skipped.
         generators: ``torch.Generator`` attributes whose state is put back.
         objects: Helper objects (e.g. an inducing selector) whose instance dictionary
             is copied (shallowly) and put back; ``None`` values are skipped.
@@ -67,6 +67,14 @@ def _get(model: Any, path: str) -> Any:
     for name in path.split(".") if path else ():
         model = getattr(model, name)
     return model
+
+
+def _find(model: Any, path: str) -> Any:
+    r"""``_get``, or None where an attribute on the path is absent (no transform)."""
+    try:
+        return _get(model, path)
+    except AttributeError:
+        return None
 
 
 def _set(model: Any, path: str, value: Any) -> None:
@@ -105,7 +113,7 @@ def take_snapshot(model: TransactionalMixin, state: MutableState | None = None) 
         modules={
             path: {k: _clone(v) for k, v in module.state_dict().items()}
             for path in state.modules
-            if (module := _get(model, path)) is not None
+            if (module := _find(model, path)) is not None
         },
         generators={path: _get(model, path).get_state() for path in state.generators},
         objects=objects,
