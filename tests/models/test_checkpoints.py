@@ -116,6 +116,7 @@ def test_a_checkpoint_that_does_not_fit_leaves_the_model_as_it_was(name):
     for parameter in source.parameters():
         parameter.data.add_(0.5)
     bad = source.checkpoint()
+    del bad["checksum"]  # edited below: what is tested is the fit, not the checksum
     if isinstance(source, KissGP):  # its data are the stream part of the checkpoint
         bad["stream"]["train_X"] = bad["stream"]["train_X"][..., :1]
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -670,3 +671,14 @@ def test_fit_without_a_maximiser_in_q_warns_and_takes_first_order_steps():
     model.train()
     assert model.streaming_loss(*model.last_batch).item() < loss_before
     assert not torch.equal(hyperparameter_vector(model), hyperparameters)
+
+
+def test_a_model_that_predicted_can_be_deep_copied_and_the_copy_predicts_the_same():
+    # gpytorch memoizes factors with gradients after a prediction; deepcopy refused them.
+    X = torch.rand(12, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    model = OnlineSVGP(X, torch.sin(4 * X).sum(-1, keepdim=True), num_inducing=6, num_init_steps=1)
+    expected = model.posterior(X[:3]).mean.detach()
+    copied = copy.deepcopy(model)
+    with torch.no_grad():
+        assert torch.equal(copied.posterior(X[:3]).mean, expected)
+        assert torch.equal(model.posterior(X[:3]).mean, expected)

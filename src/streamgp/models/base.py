@@ -22,6 +22,7 @@ posterior), not ``train_inputs``, so both entry points need the model's help:
 from __future__ import annotations
 
 import copy
+import hashlib
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ from torch import Tensor
 
 from streamgp.mlls.objective import per_datum_objective
 from streamgp.models.utils.posterior import PosteriorMixin
+from streamgp.models.utils.transaction import restore_snapshot, take_snapshot
 
 
 def _check_no_nan_state(checkpoint: dict[str, Any]) -> None:
@@ -51,6 +53,40 @@ def _check_no_nan_state(checkpoint: dict[str, Any]) -> None:
 
     visit(checkpoint.get("state_dict"), "['state_dict']")
     visit(checkpoint.get("stream"), "['stream']")
+
+
+def checkpoint_checksum(checkpoint: dict[str, Any]) -> str:
+    r"""SHA-256 of a checkpoint's class, state and stream (keys, types, dtypes, shapes
+    and bytes of every tensor, and every number and string): a corrupted file that
+    still loads is refused by :meth:`CheckpointMixin.restore` instead of restored.
+
+    Example:
+        >>> state = {"model": "M", "state_dict": {"w": torch.ones(2)}, "stream": {}}
+        >>> checkpoint_checksum(state) == checkpoint_checksum(dict(state))
+        True
+    """
+    digest = hashlib.sha256()
+
+    def visit(value: Any) -> None:
+        digest.update(type(value).__name__.encode())
+        if isinstance(value, Tensor):
+            value = value.detach().cpu().contiguous()
+            digest.update(f"{value.dtype}{tuple(value.shape)}".encode())
+            digest.update(value.reshape(-1).view(torch.uint8).numpy().tobytes())
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                digest.update(repr(key).encode())
+                visit(item)
+        elif isinstance(value, list | tuple):
+            digest.update(str(len(value)).encode())
+            for item in value:
+                visit(item)
+        else:  # numbers, strings, None
+            digest.update(repr(value).encode())
+
+    for key in ("model", "state_dict", "stream"):
+        visit(checkpoint.get(key))
+    return digest.hexdigest()
 
 
 def construct_inputs_with_options(
@@ -103,11 +139,13 @@ class CheckpointMixin:
         """
         # A snapshot: torch's state_dict() and an optimizer's state share storage with
         # the live tensors, which the next update changes in place.
-        return {
+        checkpoint = {
             "model": type(self).__name__,
             "state_dict": {k: v.detach().clone() for k, v in self.state_dict().items()},
             "stream": copy.deepcopy(self._stream_state()),
         }
+        checkpoint["checksum"] = checkpoint_checksum(checkpoint)
+        return checkpoint
 
     def restore(self, checkpoint: dict[str, Any]) -> CheckpointMixin:
         r"""Resume the stream saved by :meth:`checkpoint` (in place; returns the model).
@@ -115,11 +153,14 @@ class CheckpointMixin:
         The receiving model must be of the checkpoint's class (``checkpoint["model"]``,
         checked first) and built with the same options (kernel, inducing-set size,
         likelihood); whatever data it held are replaced. Atomic: a
-        checkpoint that does not fit raises and leaves the model as it was (torch's
-        ``load_state_dict`` alone would have loaded part of it before raising).
+        checkpoint that does not fit raises and leaves the model as it was, bit for bit
+        (torch's ``load_state_dict`` alone would have loaded part of it before raising),
+        and so does one whose ``checksum`` does not match its contents (a corrupted
+        file that still loads).
         """
+        keys = {"model", "state_dict", "stream", "checksum"}
         if not isinstance(checkpoint, dict) or not (
-            {"state_dict", "stream"} <= set(checkpoint) <= {"model", "state_dict", "stream"}
+            {"state_dict", "stream"} <= set(checkpoint) <= keys
         ):
             keys = sorted(checkpoint) if isinstance(checkpoint, dict) else type(checkpoint)
             raise ValueError(
@@ -133,11 +174,21 @@ class CheckpointMixin:
                 f"restored into a {type(self).__name__}; the model is unchanged."
             )
         _check_no_nan_state(checkpoint)
+        if "checksum" in checkpoint and checkpoint["checksum"] != checkpoint_checksum(checkpoint):
+            raise ValueError(
+                "checkpoint['checksum'] does not match its contents: the checkpoint is "
+                "corrupted (or was edited); the model is unchanged."
+            )
+        # What the model's updates may change (its state and caches, by reference) is
+        # put back after the backup: the model then predicts bit for bit as before.
+        kept = take_snapshot(self) if hasattr(self, "mutable_state") else None
         backup = self.checkpoint()
         try:
             self._load_checkpoint(checkpoint)
         except BaseException:
             self._load_checkpoint(backup)
+            if kept is not None:
+                restore_snapshot(self, kept)
             raise
         return self
 

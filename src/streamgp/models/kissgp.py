@@ -139,11 +139,13 @@ from streamgp.models.base import CheckpointMixin, construct_inputs_with_options
 from streamgp.models.utils import (
     CachedPosteriorMixin,
     FrozenTransformsMixin,
+    MutableState,
     PosteriorMixin,
     conditioning_noise,
     fit_frozen_transforms,
     invalidate_after_load,
     shallow_view,
+    transaction,
     transform_new_data,
 )
 from streamgp.models.utils.defaults import DEFAULT, _DefaultType, mean_module_or_default
@@ -280,6 +282,25 @@ class KissGP(
     #: ``(A, b, W^T Lambda^{-1} 1)`` of the stored data (see :meth:`weighted_statistics`).
     _statistics: tuple[Tensor, Tensor, Tensor] | None
     _correction: LowRankCorrection | None
+    #: What ``observe`` (with a re-grid) may change, restored if it raises (any
+    #: exception): the data, the grid and its kernel, the caches and the conditioning
+    #: (all replaced: kept by reference) and the fixed noise (replaced too).
+    mutable_state = MutableState(
+        attributes=(
+            "train_inputs",
+            "train_targets",
+            "prediction_strategy",
+            "interpolation",
+            "structured",
+            "covar_module",
+            "_statistics",
+            "_posterior_cache",
+            "_hyper_snapshot",
+            "_correction",
+            "_conditioning_log",
+        ),
+        objects=("likelihood.noise_covar",),
+    )
 
     def __init__(
         self,
@@ -705,8 +726,13 @@ class KissGP(
             Yvar: ``q x 1`` noise variances; required exactly for fixed-noise models.
 
         Returns:
-            The model itself. On invalid input, raises and leaves the model unchanged.
+            The model itself. On invalid input, or any failure (an interrupt included),
+            raises and leaves the model unchanged.
         """
+        with transaction(self):
+            return self._observe(X, Y, Yvar)
+
+    def _observe(self, X: Tensor, Y: Tensor, Yvar: Tensor | None) -> KissGP:
         check_new_observations(
             X,
             Y,

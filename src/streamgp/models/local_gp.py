@@ -246,6 +246,21 @@ class LocalGP(CachedPosteriorMixin, StreamingModelMixin, FrozenTransformsMixin, 
         self.local_X, self.local_y, self.counts = local_X, local_y, counts
         self._invalidate()
 
+    def _stream_state(self) -> dict[str, Any]:
+        # The options that shape the padded store and decide where points go.
+        return {"w_gen": self.w_gen, "n_max": self.n_max, "num_nearest": self.num_nearest}
+
+    def _set_stream_state(self, state: dict[str, Any]) -> None:
+        if "n_max" in state and int(state["n_max"]) != self.local_X.shape[-2]:
+            raise ValueError(
+                f"checkpoint['stream']['n_max'] is {state['n_max']} but its store holds "
+                f"{self.local_X.shape[-2]} points per local model."
+            )
+        if "n_max" in state:  # the stream continues with the options it was saved with
+            self.w_gen = float(state["w_gen"])
+            self.n_max = int(state["n_max"])
+            self.num_nearest = int(state["num_nearest"])
+
     def __getstate__(self) -> dict:
         # The Cholesky factors are a cache of K x n_max x n_max numbers (hundreds of MB
         # with thousands of local models); pickles and checkpoints recompute them instead.

@@ -63,6 +63,7 @@ References:
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -78,13 +79,13 @@ from torch import Tensor
 from streamgp.interpolation.grid import InterpolationWeights
 from streamgp.interpolation.softmax import DenseInterpolationWeights, softmax_interpolation
 from streamgp.linalg.grid_kernel import GridKernelRoot, point_kernel_root
-from streamgp.linalg.woodbury import GridPosterior
 from streamgp.models.softki import (
     DEFAULT_NUM_INDUCING,
     SoftKIGP,
     check_constant_mean,
     check_point_options,
 )
+from streamgp.models.utils import transaction
 from streamgp.models.utils.defaults import DEFAULT, _DefaultType
 from streamgp.models.wiski import WiskiGP
 from streamgp.settings import value_warning
@@ -264,6 +265,16 @@ class OnlineSoftKIGP(WiskiGP):
     """
 
     data_state_prefixes = (*WiskiGP.data_state_prefixes, "interpolation.")
+    #: WiskiGP's, and the kept observations (a list replaced, not written into).
+    mutable_state = replace(
+        WiskiGP.mutable_state, attributes=(*WiskiGP.mutable_state.attributes, "_kept")
+    )
+    #: What :meth:`refit_points` and :meth:`restandardize` may change besides: the
+    #: hyperparameters and the transform they write into.
+    _refit_state = replace(
+        mutable_state,
+        modules=("likelihood", "outcome_transform", "mean_module", "covar_module"),
+    )
 
     def __init__(
         self,
@@ -477,8 +488,13 @@ class OnlineSoftKIGP(WiskiGP):
             Yvar: ``q x 1`` noise variances; required exactly with ``train_Yvar``.
 
         Returns:
-            The model itself. On invalid input, raises and leaves the model unchanged.
+            The model itself. On invalid input (or any failure), raises and leaves the
+            model unchanged.
         """
+        with transaction(self):  # the kept rows too
+            return self._observe_and_keep(X, Y, Yvar)
+
+    def _observe_and_keep(self, X: Tensor, Y: Tensor, Yvar: Tensor | None) -> OnlineSoftKIGP:
         super().observe(X, Y, Yvar)
         if self.keep_data and len(X):
             X_t, Y_t, Yvar_t = self._transform_new_data(X, Y, Yvar)
@@ -517,7 +533,14 @@ class OnlineSoftKIGP(WiskiGP):
             RuntimeError: Without ``keep_data=True``, or on a model conditioned with
                 ``condition_on_observations`` (whose rows are not kept).
             ValueError: On invalid options or no data; the model is then unchanged.
+            On any failure (an interrupt included) the model is unchanged.
         """
+        with transaction(self, self._refit_state):  # it also learns the hyperparameters
+            return self._refit_points(num_epochs, num_inducing, **fit_options)
+
+    def _refit_points(
+        self, num_epochs: int, num_inducing: int | None, **fit_options: Any
+    ) -> OnlineSoftKIGP:
         if not self.keep_data:
             raise RuntimeError(
                 "refit_points needs the raw observations: build the model with "
@@ -564,6 +587,10 @@ class OnlineSoftKIGP(WiskiGP):
         ``alpha c + beta`` (so the model is unchanged when the hyperparameters are
         rescaled too) and the kept data follow.
         """
+        with transaction(self, self._refit_state):  # the kept data follow the transform
+            return self._restandardize_kept(rescale_hyperparameters)
+
+    def _restandardize_kept(self, rescale_hyperparameters: bool) -> OnlineSoftKIGP:
         transform = getattr(self, "outcome_transform", None)
         before = None
         if isinstance(transform, Standardize):
@@ -588,25 +615,14 @@ class OnlineSoftKIGP(WiskiGP):
         ]
 
     def _stream_state(self) -> dict[str, Any]:
-        r"""Options, the cached posterior factors and (``keep_data``) the raw observations.
-
-        The posterior of an observed model came from rank-``q`` updates; saving it (rather
-        than refactorising the statistics on restore) makes the restored model predict,
-        and continue the stream, bit for bit as this one.
-        """
+        r"""Options, the cached posterior factors (:meth:`WiskiGP._stream_state`) and
+        (``keep_data``) the raw observations."""
         state: dict[str, Any] = {
             "top_k": self.top_k,
             "squared_distance": self.squared_distance,
             "keep_data": self.keep_data,
         }
-        posterior = self._posterior
-        if (
-            isinstance(posterior, GridPosterior)
-            and self._correction is None
-            and self._caches_valid()
-        ):
-            state["posterior_root"] = posterior.root
-            state["posterior_mean"] = posterior.mean
+        state.update(self._posterior_state())
         if self.keep_data:
             X, y, noise = self.kept_data()
             state["kept_X"], state["kept_y"] = X, y
@@ -621,9 +637,7 @@ class OnlineSoftKIGP(WiskiGP):
         self._kept = []
         if self.keep_data and len(state["kept_y"]):
             self._kept = [(state["kept_X"], state["kept_y"], state.get("kept_noise"))]
-        if "posterior_root" in state:
-            self._posterior = GridPosterior(state["posterior_root"], state["posterior_mean"])
-            self._snapshot_hyperparameters()
+        self._set_posterior_state(state)
 
     def _prepare_state_load(self, state_dict: dict[str, Any]) -> None:
         # A checkpoint may have another number of points (refit_points(num_inducing=...)).

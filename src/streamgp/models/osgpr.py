@@ -218,10 +218,18 @@ class OnlineSGPR(
 
     _num_outputs = 1
     #: What a failed update restores: the summary buffers (resized with the inducing
-    #: set), the parameters (optimised in place), the inducing selector's state and the
-    #: random stream of the inducing-point rule.
+    #: set), the last batch and the conditioning it absorbed, the parameters (optimised
+    #: in place), the inducing selector's state and the random stream of the rule.
     mutable_state = MutableState(
-        attributes=_STATE_BUFFERS,
+        attributes=(
+            *_STATE_BUFFERS,
+            "last_bound",
+            "_last_batch",
+            "_last_batch_hypers",
+            "_refit_pending",
+            "_correction",
+            "_conditioning_log",
+        ),
         modules=("",),
         generators=("_generator",),
         objects=("inducing_selector",),
@@ -524,13 +532,13 @@ class OnlineSGPR(
                     "hyperparameters may have diverged (lower lr) or K_ZZ is too "
                     "ill-conditioned (raise jitter)."
                 )
-        self._set_pseudo_observations(factor)
-        self.num_observed = self.num_observed + X_t.shape[0]
-        self.last_bound = bound.detach()
-        self._last_batch = _LastBatch(X_t.detach(), y.detach(), Z, shared, summary)
-        self._last_batch_hypers = parameter_snapshot(self._hyperparameters())
-        self._refit_pending = False
-        self._clear_caches()
+            self._set_pseudo_observations(factor)
+            self.num_observed = self.num_observed + X_t.shape[0]
+            self.last_bound = bound.detach()
+            self._last_batch = _LastBatch(X_t.detach(), y.detach(), Z, shared, summary)
+            self._last_batch_hypers = parameter_snapshot(self._hyperparameters())
+            self._refit_pending = False
+            self._clear_caches()
 
     def _apply_to_state(self, fn) -> None:
         # Device/dtype moves: the last batch (what a refit re-absorbs), the hyperparameter

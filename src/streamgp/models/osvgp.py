@@ -57,6 +57,7 @@ References:
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -352,7 +353,7 @@ class OnlineSVGP(
         elif inducing_selector is None and (num_inducing < 1 or len(train_X) == 0):
             raise ValueError(
                 f"Cannot choose num_inducing={num_inducing} inducing points from "
-                f"{len(train_X)} training points; pass inducing_points, an "
+                f"{len(train_X)} training points (train_X); pass inducing_points, an "
                 "inducing_selector, or training points (and num_inducing >= 1)."
             )
 
@@ -797,6 +798,17 @@ class OnlineSVGP(
         if self.last_batch is None:
             raise RuntimeError("The model has absorbed no data; there is nothing to fit.")
         return -self.streaming_loss(*self.last_batch, beta=1.0), self.num_observed
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> OnlineSVGP:
+        # gpytorch's variational strategy memoizes factors computed with gradients
+        # (non-leaf tensors, which deepcopy refuses) after a prediction: dropped first (the
+        # next prediction recomputes the same factors), then a plain deep copy.
+        self.model.variational_strategy._clear_cache()
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        for name, value in self.__dict__.items():
+            new.__dict__[name] = copy.deepcopy(value, memo)
+        return new
 
     def _check_not_conditioned(self, method: str) -> None:
         if self._conditioning is not None:

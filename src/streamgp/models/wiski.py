@@ -93,6 +93,7 @@ References:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import warnings
@@ -143,9 +144,11 @@ from streamgp.models.base import StreamingModelMixin
 from streamgp.models.utils import (
     CachedPosteriorMixin,
     FrozenTransformsMixin,
+    MutableState,
     conditioning_noise,
     fit_frozen_transforms,
     shallow_view,
+    transaction,
     transform_new_data,
 )
 from streamgp.models.utils.observations import ObservationStore
@@ -402,6 +405,26 @@ class WiskiGP(
     #: (exact grid posterior it was derived from, tolerance, LOVE grid posterior)
     _love_cache: tuple[GridPosterior, float, GridPosterior] | None
     _correction: LowRankCorrection | DataCorrection | None
+    #: What ``observe`` (with its deferred folds and re-grids) may change, restored if it
+    #: raises (:func:`~streamgp.models.utils.transaction.transaction`, any exception):
+    #: the statistics, the grid, the caches and pending rows (all replaced, not written
+    #: into: kept by reference), the likelihood's noise (fixed noise: the mean noise is
+    #: replaced) and the kept observations' count.
+    mutable_state = MutableState(
+        attributes=(
+            "_statistics",
+            "_posterior",
+            "_love_cache",
+            "_pending_failure",
+            "_hyper_snapshot",
+            "_correction",
+            "_conditioning_log",
+            "_log_from_observe",
+            "interpolation",
+            "structured",
+        ),
+        objects=("observations", "likelihood.noise_covar"),
+    )
 
     def __init__(
         self,
@@ -781,7 +804,30 @@ class WiskiGP(
             "grid_size": self._grid_size_option,
             "data_space_limit": self.data_space_limit,
             "keep_data": self.observations is not None,
+            **self._posterior_state(),
         }
+
+    def _posterior_state(self) -> dict[str, Tensor]:
+        r"""The cached grid posterior, for a checkpoint (empty if there is none to save).
+
+        The posterior of an observed model came from rank-``q`` updates; saving it (rather
+        than refactorising the statistics on restore) makes the restored model predict,
+        and continue the stream, bit for bit as this one.
+        """
+        posterior = self._posterior
+        if (
+            isinstance(posterior, GridPosterior)
+            and self._correction is None
+            and self._caches_valid()
+        ):
+            return {"posterior_root": posterior.root, "posterior_mean": posterior.mean}
+        return {}
+
+    def _set_posterior_state(self, state: dict[str, Any]) -> None:
+        r"""Inverse of :meth:`_posterior_state` (after the statistics were loaded)."""
+        if "posterior_root" in state:
+            self._posterior = GridPosterior(state["posterior_root"], state["posterior_mean"])
+            self._snapshot_hyperparameters()
 
     def _set_stream_state(self, state: dict[str, Any]) -> None:
         keeps_data = self.observations is not None
@@ -791,6 +837,7 @@ class WiskiGP(
             size = state["grid_size"]
             self._grid_size_option = size if size is None or isinstance(size, int) else list(size)
             self.data_space_limit = int(state["data_space_limit"])
+        self._set_posterior_state(state)
 
     def _load_grid(self, bounds: Tensor, size: Tensor) -> None:
         r"""Move to the grid a checkpoint's statistics live on (before loading them)."""
@@ -1129,8 +1176,16 @@ class WiskiGP(
 
         Returns:
             The model itself. Learned (homoskedastic) noise only: grid statistics with
-            fixed noise keep only noise-weighted target sums.
+            fixed noise keep only noise-weighted target sums. If it raises, the model
+            is unchanged.
         """
+        # It also writes into the transform, the prior mean and the kernel's scales.
+        state = self.mutable_state
+        modules = ("likelihood", "outcome_transform", "mean_module", "covar_module")
+        with transaction(self, dataclasses.replace(state, modules=modules)):
+            return self._restandardize(rescale_hyperparameters)
+
+    def _restandardize(self, rescale_hyperparameters: bool) -> WiskiGP:
         if self._num_outputs > 1:
             raise ValueError(
                 "restandardize needs a single-output model: re-estimating each output's "
@@ -1270,8 +1325,13 @@ class WiskiGP(
                 the model was built with ``train_Yvar``.
 
         Returns:
-            The model itself. On invalid input, raises and leaves the model unchanged.
+            The model itself. On invalid input, or any failure (a factorisation, an
+            interrupt) on the way, raises and leaves the model unchanged.
         """
+        with transaction(self):  # any exception (KeyboardInterrupt too) rolls back
+            return self._observe(X, Y, Yvar)
+
+    def _observe(self, X: Tensor, Y: Tensor, Yvar: Tensor | None) -> WiskiGP:
         with self._checked_call() as checks:  # one host read of the value checks
             check_new_observations(
                 X,

@@ -279,7 +279,8 @@ def check_conditioning_data(
     r"""Validate ``condition_on_observations(X, Y, noise)``.
 
     ``X`` is ``batch x q x dim``, ``Y`` ``sample x batch x q x num_outputs`` with the
-    same ``q``, ``noise`` (optional) of ``batch x q x num_outputs`` and positive.
+    same ``q``, ``noise`` (optional) of ``batch x q x num_outputs`` (broadcasting to the
+    targets) and positive.
     """
     check_tensor(X, "X", like=like, min_dim=2, last_dim=dim)
     check_tensor(Y, "Y", like=like, min_dim=2, last_dim=num_outputs)
@@ -291,6 +292,16 @@ def check_conditioning_data(
             raise ValueError(
                 f"noise must have shape batch x q x {num_outputs} with q = {X.shape[-2]} (as "
                 f"X), got {tuple(noise.shape)}."
+            )
+        try:  # noise's batch dimensions are X's (or broadcast to the targets')
+            targets = torch.broadcast_shapes((*X.shape[:-1], num_outputs), Y.shape)
+            fits = torch.broadcast_shapes(noise.shape, targets) == targets
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(
+                f"noise must broadcast to the targets' shape {tuple(Y.shape)} (X batch "
+                f"{tuple(X.shape[:-2])}), got {tuple(noise.shape)}."
             )
         check_positive(noise, "noise")
 

@@ -237,8 +237,13 @@ class CachedPosteriorMixin:
 
     def _after_rollback(self) -> None:
         # A failed update restored the state (models/utils/transaction.py): the factors
-        # derived from the state it replaced may be stale.
-        self._invalidate()
+        # derived from the state it replaced may be stale, unless the caches and their
+        # hyperparameter snapshot were restored with it (then they are kept: the model
+        # predicts bit for bit as before, with no refactorisation).
+        state = getattr(self, "mutable_state", None)
+        restored = set(state.attributes) if state is not None else set()
+        if not {*self.cached_attributes, "_hyper_snapshot"} <= restored:
+            self._invalidate()
         parent = getattr(super(), "_after_rollback", None)
         if parent is not None:
             parent()

@@ -9,6 +9,7 @@ only while the parameters are the same tensors: a model that replaces a paramete
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -98,22 +99,35 @@ class PersistentOptimizerMixin(TransactionalMixin):
         return self
 
     def _after_rollback(self) -> None:
-        # The optimizer's state saw the failed steps: the next step builds a new one.
+        # The optimizer's state saw the failed steps: dropped (:meth:`_guarded` puts back
+        # the one from before the update, so that a retry continues as it would have).
         self._optimizer = None
 
     def _guarded(self, update: Callable[[], Any]) -> None:
         r"""Run ``update``; restore the model if it raises or leaves non-finite parameters.
 
         A :func:`~streamgp.models.utils.transaction.transaction` over the model's
-        :attr:`mutable_state`.
+        :attr:`mutable_state`, for any exception (an interrupt included), which also
+        restores the optimizer and its state (Adam's moments): a retry of the update
+        then takes exactly the steps an uninterrupted one would have.
         """
-        with transaction(self):
-            update()
-            if not all(torch.isfinite(p).all() for p in self._trainable_parameters()):
-                raise RuntimeError(
-                    "The update produced non-finite parameters (the optimizer diverged); "
-                    "the model was restored. Lower the learning rate."
-                )
+        optimizer = self._optimizer
+        saved = None
+        if optimizer is not None:  # its state tensors are written in place by the steps
+            saved = (optimizer, self._optimizer_params, copy.deepcopy(optimizer.state_dict()))
+        try:
+            with transaction(self):
+                update()
+                if not all(torch.isfinite(p).all() for p in self._trainable_parameters()):
+                    raise RuntimeError(
+                        "The update produced non-finite parameters (the optimizer diverged); "
+                        "the model was restored. Lower the learning rate."
+                    )
+        except BaseException:
+            if saved is not None:
+                self._optimizer, self._optimizer_params, state = saved
+                self._optimizer.load_state_dict(state)
+            raise
 
     def custom_fit(
         self,

@@ -4,8 +4,10 @@ An update (``observe``, an optimizer's steps, a fit) may fail halfway: a divergi
 optimizer, a failed factorisation, an inducing selector returning NaN. The models
 declare what their updates may change (:class:`MutableState`) and run them inside
 :func:`transaction`, which copies that state first and puts it back if the update
-raises, then lets the model drop what it derived from the failed state
-(:meth:`_after_rollback`), and re-raises.
+raises (any exception, ``KeyboardInterrupt`` included: an interrupted update is a
+failed one), then lets the model drop what it derived from the failed state
+(:meth:`_after_rollback`), and re-raises. A retry after the failure therefore starts
+from the state before the update and never counts its data twice.
 
 The copies are cheap where the models replace objects rather than writing into them
 (state tensors, frozen posteriors, replay sets: kept by reference); what an optimizer
@@ -35,6 +37,7 @@ class MutableState:
         modules: Modules whose ``state_dict`` is cloned and loaded back (``""`` for the
             model itself), after the attributes, so that resized state is in place.
             torch's ``load_state_dict`` is used: a model's own has warm-start semantics.
+            Absent or ``None`` modules (no outcome transform) are skipped.
         generators: ``torch.Generator`` attributes whose state is put back.
         objects: Helper objects (e.g. an inducing selector) whose instance dictionary
             is copied (shallowly) and put back; ``None`` values are skipped.
@@ -66,6 +69,14 @@ def _get(model: Any, path: str) -> Any:
     return model
 
 
+def _find(model: Any, path: str) -> Any:
+    r"""``_get``, or None where an attribute on the path is absent (no transform)."""
+    try:
+        return _get(model, path)
+    except AttributeError:
+        return None
+
+
 def _set(model: Any, path: str, value: Any) -> None:
     owner, _, name = path.rpartition(".")
     setattr(_get(model, owner), name, value)
@@ -84,9 +95,9 @@ class _Snapshot:
     objects: dict[str, dict[str, Any]]
 
 
-def take_snapshot(model: TransactionalMixin) -> _Snapshot:
-    r"""Copy what ``model.mutable_state`` names (see :class:`MutableState`)."""
-    state = model.mutable_state
+def take_snapshot(model: TransactionalMixin, state: MutableState | None = None) -> _Snapshot:
+    r"""Copy what ``state`` (default ``model.mutable_state``) names (see :class:`MutableState`)."""
+    state = model.mutable_state if state is None else state
     parameters = {}
     for path in state.parameters:
         parameter = _get(model, path)
@@ -100,8 +111,9 @@ def take_snapshot(model: TransactionalMixin) -> _Snapshot:
         attributes={path: _get(model, path) for path in state.attributes},
         parameters=parameters,
         modules={
-            path: {k: _clone(v) for k, v in _get(model, path).state_dict().items()}
+            path: {k: _clone(v) for k, v in module.state_dict().items()}
             for path in state.modules
+            if (module := _find(model, path)) is not None
         },
         generators={path: _get(model, path).get_state() for path in state.generators},
         objects=objects,
@@ -126,8 +138,16 @@ def restore_snapshot(model: TransactionalMixin, snapshot: _Snapshot) -> None:
 
 
 @contextmanager
-def transaction(model: TransactionalMixin) -> Iterator[None]:
+def transaction(model: TransactionalMixin, state: MutableState | None = None) -> Iterator[None]:
     r"""Run the enclosed update; if it raises, restore ``model.mutable_state`` and re-raise.
+
+    Any exception rolls back, ``KeyboardInterrupt`` and ``SystemExit`` included (a
+    ``BaseException``), so an interrupted update leaves the model as it was.
+
+    Args:
+        model: The model whose state the update may change.
+        state: What this update may change, when it is not ``model.mutable_state``
+            (e.g. a re-standardisation that also writes into the transforms).
 
     Example:
         >>> from streamgp.models import OnlineSVGP
@@ -142,9 +162,9 @@ def transaction(model: TransactionalMixin) -> Iterator[None]:
         >>> model.num_observed
         20
     """
-    snapshot = take_snapshot(model)
+    snapshot = take_snapshot(model, state)
     try:
         yield
-    except Exception:
+    except BaseException:
         restore_snapshot(model, snapshot)
         raise
