@@ -85,7 +85,8 @@ class PriorVarianceCorrection:
         >>> interp = CubicGridInterpolation(torch.tensor([[0.0], [1.0]], dtype=torch.float64), 30)
         >>> kernel = RBFKernel().to(torch.float64)
         >>> kernel.lengthscale = 0.02  # half a grid spacing
-        >>> root = grid_kernel_root(kernel, interp.grid).detach()
+        >>> with torch.no_grad():
+        ...     root = grid_kernel_root(kernel, interp.grid)
         >>> correction = PriorVarianceCorrection(kernel, root, interp.bounds[:1])
         >>> X = torch.linspace(0, 1, 101, dtype=torch.float64).unsqueeze(-1)
         >>> weights = interp.weights(X)
