@@ -153,6 +153,7 @@ from streamgp.models.utils import (
     transform_new_data,
 )
 from streamgp.models.utils.defaults import DEFAULT, _DefaultType, mean_module_or_default
+from streamgp.models.utils.resolution import GridResolutionMixin
 from streamgp.models.wiski import build_grid
 from streamgp.settings import exact_prior_variance as exact_prior_variance_setting
 from streamgp.settings import skip_value_checks
@@ -208,6 +209,7 @@ class SKIKernel(GridInterpolationKernel):
 
 
 class KissGP(
+    GridResolutionMixin,
     CheckpointMixin,
     CachedPosteriorMixin,
     PosteriorMixin,
@@ -257,6 +259,10 @@ class KissGP(
             exact and LOVE paths and in conditioned (fantasy) models; the training
             objective stays gpytorch's SKI likelihood. False (or
             ``streamgp.settings.exact_prior_variance(False)``): the SKI posterior.
+
+    After a fit that leaves a lengthscale below two grid spacings the model warns once
+    (:class:`~streamgp.models.utils.resolution.CoarseGridWarning`), naming a finer
+    ``grid_size``.
 
     Unlike :class:`~streamgp.models.WiskiGP` there is no ``keep_data`` option: an exact
     GP keeps all its (transformed) data in ``train_inputs`` and ``train_targets``, so a

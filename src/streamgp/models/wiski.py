@@ -159,6 +159,7 @@ from streamgp.models.utils import (
     transform_new_data,
 )
 from streamgp.models.utils.observations import ObservationStore
+from streamgp.models.utils.resolution import GridResolutionMixin
 from streamgp.settings import (
     ValueChecks,
     deferred_value_checks,
@@ -298,6 +299,7 @@ _DATA_KEY_PREFIXES = (
 
 
 class WiskiGP(
+    GridResolutionMixin,
     CachedPosteriorMixin,
     StreamingModelMixin,
     FrozenTransformsMixin,
@@ -388,6 +390,11 @@ class WiskiGP(
             and the data fit stay exact SKI. False: the exact SKI posterior (as does
             ``with streamgp.settings.exact_prior_variance(False)`` for every model). A
             flag, not state: checkpoints neither save nor change it.
+
+    After a fit (``fit_gpytorch_mll``) that leaves a lengthscale below
+    ``MIN_SPACINGS_PER_LENGTHSCALE`` (2) grid spacings, the model warns once with
+    :class:`~streamgp.models.utils.resolution.CoarseGridWarning`, naming a finer
+    ``grid_size``.
 
     Example:
         >>> from botorch.models.transforms import Normalize, Standardize
