@@ -230,6 +230,33 @@ def test_variance_is_differentiable_in_the_inputs():
     torch.testing.assert_close(x.grad.squeeze(0), torch.stack(numeric), rtol=1e-5, atol=1e-8)
 
 
+@pytest.mark.parametrize("space", ["data", "grid"])
+def test_large_grid_path_carries_it_on_its_lanczos_root(monkeypatch, space):
+    monkeypatch.setattr(WiskiGP, "MAX_DENSE_GRID", 300)  # 7^3 grids take the structured path
+    X, Y, _ = data(60, 3, False)
+    kernel = scaled_kernel(3, lengthscale=0.2)
+    options = {"data_space_limit": 0} if space == "grid" else {}
+    model = WiskiGP(X, Y, grid_size=7, covar_module=kernel, **without_defaults(), **options)
+    model.likelihood.noise = 0.04
+    model.love_tolerance = 1e-10
+    assert model.structured
+    model.observe(X[:4], Y[:4])
+    X_all, Y_all = torch.cat([X, X[:4]]), torch.cat([Y, Y[:4]])
+    oracle = DenseSKIModel(model, X_all, Y_all.squeeze(-1), None, exact_prior_variance=True)
+    Xs = torch.rand(10, 3, dtype=DTYPE)
+    posterior = model.posterior(Xs)
+    mean, covar = oracle.latent(Xs)
+    if space == "grid":  # the rank-k LOVE root, and the diagonal
+        covar_op = posterior.distribution.lazy_covariance_matrix
+        assert isinstance(covar_op, LowRankRootAddedDiagLinearOperator)
+    assert (posterior.mean.squeeze(-1) - mean).abs().max() < 1e-8
+    assert (posterior.covariance_matrix - covar).abs().max() < 1e-8
+    Xq, Yq = torch.rand(2, 2, 3, dtype=DTYPE), torch.randn(2, 2, 1, dtype=DTYPE)
+    conditioned = model.condition_on_observations(Xq, Yq).posterior(Xs)
+    _, covar_q = oracle.condition_on_observations(Xq, Yq).latent(Xs)
+    assert (conditioned.covariance_matrix - covar_q).abs().max() < 1e-8
+
+
 # -------------------------------------------------------------------- other models
 def test_kissgp_equals_dense_ski_plus_the_diagonal():
     X, Y, _ = data(40, 2, False)
