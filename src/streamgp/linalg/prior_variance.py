@@ -109,12 +109,27 @@ class PriorVarianceCorrection:
         if len(root.factors) == 1:
             L = root.factors[0]
             self._prior = GridPosterior(root=L, mean=L.new_zeros(L.shape[-1]))
+        # Axes of one size (the default grids): their small kernel matrices L_i L_i^T
+        # stacked, so that w^T (kron_i K_i) w = prod_i w_i^T K_i w_i is one gather of
+        # 4 x 4 blocks for all axes (a few operations per call, whatever d is).
+        self._axis_kernels = None
+        if len(root.factors) > 1 and len({f.shape[-1] for f in root.factors}) == 1:
+            self._axis_kernels = torch.stack([f @ f.mT for f in root.factors])
+            self._axis_index = torch.arange(
+                len(root.factors), device=self._axis_kernels.device
+            ).reshape(-1, 1, 1)
 
     def interpolated(self, weights) -> Tensor:
         r"""SKI's prior variance ``w(x)^T L L^T w(x)`` of every row (``batch x t``)."""
-        if self._prior is None:  # Kronecker root: d per-axis gathers of 4 x g_i values
-            return self.root.features(weights).diag()
-        return self._prior.interpolated_root(weights).row_sq_norms()
+        if self._prior is not None:
+            return self._prior.interpolated_root(weights).row_sq_norms()
+        if self._axis_kernels is None or len(weights.axes) != len(self.root.factors):
+            return self.root.features(weights).diag()  # d gathers of 4 x g_i values
+        K = self._axis_kernels
+        idx = torch.stack([axis.indices for axis in weights.axes], dim=-2)  # ... x t x d x 4
+        val = torch.stack([axis.values for axis in weights.axes], dim=-2).to(K.dtype)
+        block = K[self._axis_index, idx.unsqueeze(-1), idx.unsqueeze(-2)]  # ... x d x 4 x 4
+        return torch.einsum("...i,...ij,...j->...", val, block, val).prod(-1)
 
     def exact(self, X: Tensor) -> Tensor:
         r"""``k(x, x)``: a scalar for a stationary kernel, else ``batch x t``."""
