@@ -23,8 +23,9 @@ Rasmussen 2005, Sec. 5): the SKI model's posterior plus ``k(x*, x*) - q(x*, x*)`
 diagonal. The clamp at zero keeps the covariance positive semi-definite where cubic
 interpolation overshoots (``w^T K_UU w > k(x, x)``): there the SKI variance is kept.
 
-Cost: ``O(t sum_i 4 g_i)`` for ``t`` points on a Kronecker grid root (``d`` gathers of
-``4 x g_i`` values, no ``m``-sized product), else one sparse product ``W_* L``
+Cost: ``O(16 d t)`` for ``t`` points on a Kronecker grid root with axes of one size (one
+gather of ``4 x 4`` blocks of the stacked axis kernels ``L_i L_i^T``; ``O(t sum_i 4 g_i)``
+for axes of different sizes; no ``m``-sized product), else one sparse product ``W_* L``
 (``O(t k m)``, the order of the posterior's own ``W_* R``), or a gather from a cached
 ``K_UU`` once many predictions have paid for it (:class:`~streamgp.linalg.woodbury.
 GridPosterior`'s amortised cache). Nothing depends on ``n``, no value is read on the host,
