@@ -54,6 +54,7 @@ __all__ = [
     "MAX_DENSE_GRID",
     "STATISTICS_CHUNK",
     "ValueChecks",
+    "exact_prior_variance",
     "active_value_checks",
     "deferred_value_checks",
     "immediate_value_checks",
@@ -77,6 +78,33 @@ class skip_value_checks(_feature_flag):  # noqa: N801 (gpytorch's settings style
     r"""Skip the value checks that synchronise a GPU with the host (see the module)."""
 
     _default = False
+
+
+class exact_prior_variance(_feature_flag):  # noqa: N801 (gpytorch's settings style)
+    r"""Predict with the exact prior variance ``k(x, x)`` instead of SKI's (default: on).
+
+    Kernel-interpolation models (:class:`~streamgp.WiskiGP`, :class:`~streamgp.KissGP`,
+    :class:`~streamgp.models.OnlineSoftKIGP`, :class:`~streamgp.AdditiveWiskiGP`) add
+    ``d(x) = k(x, x) - w(x)^T K_UU w(x)`` to their predictive variances
+    (:mod:`streamgp.linalg.prior_variance`), so that their prior variance is the kernel's
+    and not the interpolated one, which dips between grid points for lengthscales near
+    the grid spacing. ``with exact_prior_variance(False):`` predicts with every model's
+    exact SKI posterior instead; a model's ``exact_prior_variance=False`` constructor
+    keyword does the same for that model alone. The marginal likelihood is exact SKI's
+    either way.
+
+    Example:
+        >>> import torch
+        >>> from streamgp import WiskiGP
+        >>> X = torch.rand(20, 2, dtype=torch.float64)
+        >>> model = WiskiGP(X, X.sum(-1, keepdim=True), grid_size=10)
+        >>> with exact_prior_variance(False):
+        ...     ski = model.posterior(X[:3]).variance
+        >>> bool((model.posterior(X[:3]).variance >= ski).all())
+        True
+    """
+
+    _default = True
 
 
 class ValueChecks:

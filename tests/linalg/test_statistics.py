@@ -79,6 +79,7 @@ def _mll_without_priors(model):
     return mll() - priors / model.num_train
 
 
+@pytest.mark.usefixtures("ski_prior_variance")
 @pytest.mark.parametrize("fixed_noise", [False, True])
 def test_predictions_and_likelihood_are_continuous_across_the_switch(fixed_noise):
     X = torch.rand(60, 2, dtype=DTYPE)
@@ -109,6 +110,7 @@ def test_predictions_and_likelihood_are_continuous_across_the_switch(fixed_noise
     assert all(t.shape[0] != 60 for t in model.state_dict().values() if t.dim())
 
 
+@pytest.mark.usefixtures("ski_prior_variance")
 def test_large_structured_grid_is_exact_in_data_space(monkeypatch):
     """A grid too large for a dense root still has an exact posterior and an MLL at small n."""
     monkeypatch.setattr(WiskiGP, "MAX_DENSE_GRID", 100)
@@ -156,6 +158,7 @@ def test_data_space_limit_is_validated():
         _model(X, X.sum(-1, keepdim=True), data_space_limit=-1)
 
 
+@pytest.mark.usefixtures("ski_prior_variance")
 def test_large_grid_space_batches_rebuild_from_the_statistics():
     """A batch above ROOT_UPDATE_MAX_FRACTION * m is absorbed by refactorising: still exact."""
     X = torch.rand(200, 2, dtype=DTYPE)
@@ -172,6 +175,7 @@ def test_large_grid_space_batches_rebuild_from_the_statistics():
     assert rel_err(post.covariance_matrix, covar) < 1e-8
 
 
+@pytest.mark.usefixtures("ski_prior_variance")
 def test_small_grid_space_batches_are_held_back_and_folded_exactly():
     X = torch.rand(80, 2, dtype=DTYPE)
     Y = torch.sin(5 * X).sum(-1, keepdim=True)

@@ -70,6 +70,7 @@ def _dense_posterior(kernel, X, y, noise, X_test, mean):
     return mu, cov, mll
 
 
+@pytest.mark.usefixtures("ski_prior_variance")
 @pytest.mark.parametrize("fixed_noise", [False, True], ids=["learned-noise", "fixed-noise"])
 @pytest.mark.parametrize("groups", ["singletons", "pairs", [[0, 2], [1], [3, 0, 1]]])
 def test_equals_dense_additive_ski(groups, fixed_noise):

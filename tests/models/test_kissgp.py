@@ -134,6 +134,7 @@ def test_predictive_mean_matches_exact_gp_on_a_fine_grid_with_ard():
 
 
 # ------------------------------------------------------- exact predictions
+@pytest.mark.usefixtures("ski_prior_variance")
 @pytest.mark.parametrize("d", [1, 2, 3])
 @pytest.mark.parametrize("fixed_noise", [False, True])
 def test_posterior_matches_dense_ski_closed_form(d, fixed_noise):
@@ -150,6 +151,7 @@ def test_posterior_matches_dense_ski_closed_form(d, fixed_noise):
     assert (noisy.variance.squeeze(-1) - expected).abs().max() < 1e-8
 
 
+@pytest.mark.usefixtures("ski_prior_variance")
 def test_marginal_likelihood_is_the_dense_ski_one_and_trains():
     model = make_model(2, n=40, kernel=ScaleKernel(RBFKernel(ard_num_dims=2)))
     mll = ExactMarginalLogLikelihood(model.likelihood, model)
@@ -178,6 +180,7 @@ def test_marginal_likelihood_is_the_dense_ski_one_and_trains():
 
 
 # ------------------------------------------------------------------- LOVE
+@pytest.mark.usefixtures("ski_prior_variance")
 @pytest.mark.parametrize("d", [1, 2, 3])
 @pytest.mark.parametrize("fixed_noise", [False, True])
 def test_love_variances_are_within_the_stated_tolerance(d, fixed_noise):
@@ -206,6 +209,7 @@ def test_love_variances_are_within_the_stated_tolerance(d, fixed_noise):
     assert ((coarse - exact_var).abs() <= prior_variance_bound(model, Xs, 1e-2) + 1e-12).all()
 
 
+@pytest.mark.usefixtures("ski_prior_variance")
 def test_love_with_a_non_separable_kernel_uses_the_dense_root():
     model = make_model(2, kernel=MaternKernel(nu=2.5, ard_num_dims=2))
     model.love_tolerance = 1e-6
@@ -222,6 +226,7 @@ def test_love_with_a_non_separable_kernel_uses_the_dense_root():
     assert (exact_var - love_var <= w_sq * 1e-6 * R.square().sum() + 1e-12).all()
 
 
+@pytest.mark.usefixtures("ski_prior_variance")
 @pytest.mark.parametrize("kernel", ["rbf", "matern"])
 def test_full_rank_love_reproduces_dense(kernel):
     base = (
@@ -251,6 +256,7 @@ def test_variances_never_negative_with_extreme_heteroskedastic_noise():
         assert (var >= 0).all()
 
 
+@pytest.mark.usefixtures("ski_prior_variance")
 def test_fast_pred_samples_have_the_exact_covariance_with_standardize():
     model = make_model(2, outcome_transform=Standardize(1))
     Xs = torch.rand(6, 2, dtype=DTYPE)
@@ -274,6 +280,7 @@ def structured_threshold(monkeypatch):
     monkeypatch.setattr(KissGP, "MAX_DENSE_GRID", 300)
 
 
+@pytest.mark.usefixtures("ski_prior_variance")
 def test_large_grid_path_matches_dense_including_conditioning(structured_threshold):
     model = make_model(3)
     assert model.structured
@@ -343,6 +350,7 @@ def test_fantasize_matches_rebuilding_from_all_data(fixed_noise, mean):
         assert (post.covariance_matrix[s, b] - ref_post.covariance_matrix).abs().max() < 1e-8
 
 
+@pytest.mark.usefixtures("ski_prior_variance")
 @pytest.mark.parametrize("mean", [None, -0.4])
 def test_condition_then_observe_matches_rebuild_and_leaves_parent_alone(mean):
     if mean is None:
@@ -449,6 +457,7 @@ def test_defaults_match_single_task_gp_defaults_on_a_fine_grid():
     assert (got.variance - ref.variance).abs().max() < 1e-5 * scale**2
 
 
+@pytest.mark.usefixtures("ski_prior_variance")
 @pytest.mark.parametrize("fixed_noise", [False, True])
 def test_constant_mean_is_the_zero_mean_model_of_the_residuals(fixed_noise):
     """A constant c: the ZeroMean KissGP on y - c, plus c (exact, LOVE, conditioned, MLL)."""
@@ -513,6 +522,7 @@ def test_constant_mean_is_the_zero_mean_model_of_the_residuals(fixed_noise):
     assert model.mean_module.raw_constant.grad.abs() > 0
 
 
+@pytest.mark.usefixtures("ski_prior_variance")
 def test_constant_mean_on_the_large_grid_path(structured_threshold):
     model = make_model(3, mean_module=constant_mean(0.5))
     assert model.structured

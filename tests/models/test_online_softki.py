@@ -109,6 +109,7 @@ def normalized(X):
 
 
 # ------------------------------------------------------------------ exactness
+@pytest.mark.usefixtures("ski_prior_variance")
 @pytest.mark.parametrize("top_k", [None, 6])
 def test_observe_in_batches_equals_one_model_of_all_data_and_batch_softki(top_k):
     X, Y = make_data(240)
@@ -203,6 +204,7 @@ def test_condition_on_observations_equals_observe_and_fantasies_batch():
     assert post.mean.shape == (4, 3, 6, 1) and torch.isfinite(post.variance).all()
 
 
+@pytest.mark.usefixtures("ski_prior_variance")
 def test_acquisition_functions_on_fantasies_and_qnipv_against_a_dense_oracle():
     X, Y = make_data(70)
     model = frozen(X, Y, torch.rand(20, D, dtype=DTYPE), outcome_transform=None)
@@ -533,6 +535,7 @@ def assert_same_mll(a, b, atol=1e-10):
     torch.testing.assert_close(a.fit_objective()[0], b.fit_objective()[0], atol=atol, rtol=0)
 
 
+@pytest.mark.usefixtures("ski_prior_variance")
 @pytest.mark.parametrize("known_noise", [False, True])
 def test_constant_mean_is_the_shift_of_the_targets_through_the_stream(known_noise):
     """W 1 = 1: the model with mean c on y is the zero-mean model on y - c, plus c."""

@@ -71,6 +71,7 @@ CASES = [
 ]
 
 
+@pytest.mark.usefixtures("ski_prior_variance")
 @pytest.mark.parametrize("d,fixed_noise,kernel", CASES)
 def test_posterior_and_mll_match_dense_ski(d, fixed_noise, kernel):
     X, Y, Yvar = make_data(30, d, fixed_noise)
@@ -145,6 +146,7 @@ def test_observe_and_condition_equal_rebuild(fixed_noise):
         assert abs(mll.item() - mll_ref.item()) < 1e-8 * abs(mll_ref.item())
 
 
+@pytest.mark.usefixtures("ski_prior_variance")
 def test_many_sequential_single_observations_stay_exact():
     d = 3
     X, Y, _ = make_data(200, d)
@@ -185,6 +187,7 @@ def test_condition_shares_parent_root(space):
         assert fantasy._correction.U.shape == (5, 20, 3)
 
 
+@pytest.mark.usefixtures("ski_prior_variance")
 @pytest.mark.parametrize("fixed_noise", [False, True])
 def test_fantasy_posterior_matches_oracle(fixed_noise):
     d = 2
@@ -231,6 +234,7 @@ def _acquisitions(model, best_f, mc_points):
     }
 
 
+@pytest.mark.usefixtures("ski_prior_variance")
 @pytest.mark.parametrize("name", ["qNIPV", "qKG", "qLogEI", "qUCB", "EI"])
 def test_acquisition_values_match_oracle_and_optimize(name):
     d = 2

@@ -75,6 +75,7 @@ def stream(model, data, d, calls=10, q=3):
     return X, y, noise
 
 
+@pytest.mark.usefixtures("ski_prior_variance")
 @pytest.mark.parametrize("d", [1, 2, 3])
 @pytest.mark.parametrize("fixed_noise", [False, True])
 def test_fast_pred_var_matches_dense_within_the_stated_bound(d, fixed_noise):
@@ -104,6 +105,7 @@ def test_fast_pred_var_matches_dense_within_the_stated_bound(d, fixed_noise):
         assert model._love_cache[2].root.shape[-1] < model.interpolation.num_grid
 
 
+@pytest.mark.usefixtures("ski_prior_variance")
 @pytest.mark.parametrize("d", [1, 2, 3])
 def test_full_rank_love_reproduces_dense(d):
     model, data = make_model(d, fixed_noise=d == 2)
@@ -118,6 +120,7 @@ def test_full_rank_love_reproduces_dense(d):
     assert (post.mean.squeeze(-1) - mean).abs().max() < 1e-10
 
 
+@pytest.mark.usefixtures("ski_prior_variance")
 def test_love_root_follows_observe_and_tolerance_changes():
     model, data = make_model(2)
     Xs = torch.rand(10, 2, dtype=DTYPE)
@@ -135,6 +138,7 @@ def test_love_root_follows_observe_and_tolerance_changes():
     assert (after_observe.variance.squeeze(-1) - covar.diagonal()).abs().max() < 1e-6
 
 
+@pytest.mark.usefixtures("ski_prior_variance")
 def test_fast_pred_samples_have_the_dense_covariance_with_standardize():
     torch.manual_seed(1)
     model, data = make_model(2, outcome_transform=Standardize(1))
@@ -200,6 +204,7 @@ def structured_threshold(monkeypatch):
     monkeypatch.setattr(WiskiGP, "MAX_DENSE_GRID", 300)
 
 
+@pytest.mark.usefixtures("ski_prior_variance")
 @pytest.mark.parametrize("fixed_noise", [False, True])
 def test_structured_path_matches_dense_after_observe_and_conditioning(
     structured_threshold, fixed_noise
@@ -226,6 +231,7 @@ def test_structured_path_matches_dense_after_observe_and_conditioning(
     assert (cond.covariance_matrix - covar_c).abs().max() < 1e-8
 
 
+@pytest.mark.usefixtures("ski_prior_variance")
 def test_structured_observe_updates_the_low_rank_root_in_place(structured_threshold, monkeypatch):
     """After a prediction, observe holds small batches as a rank-q correction of the LOVE root
     and folds them into it at FOLD_RANK (no rebuild), staying accurate throughout."""
@@ -256,6 +262,7 @@ def test_structured_observe_updates_the_low_rank_root_in_place(structured_thresh
     assert 0 < model._correction.rank < model.FOLD_RANK
 
 
+@pytest.mark.usefixtures("ski_prior_variance")
 def test_structured_observe_with_fixed_noise_updates_the_root(structured_threshold, monkeypatch):
     """Fixed noise is not deferred: every observe is a rank-q update of the LOVE root."""
     torch.manual_seed(4)

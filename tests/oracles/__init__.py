@@ -18,6 +18,7 @@ from oracles.base import (
     DenseOracle,
     gaussian_conditioning,
     hyperparameter_vector,
+    prior_variance_gap,
     rel_err,
     without_defaults,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "JointGaussianOracle",
     "copy_hyperparameters",
     "gaussian_conditioning",
+    "prior_variance_gap",
     "rel_err",
     "without_defaults",
 ]

@@ -19,6 +19,17 @@ def without_defaults() -> dict:
     return {"outcome_transform": None, "mean_module": ZeroMean()}
 
 
+def prior_variance_gap(kernel, Xs: Tensor, prior: Tensor) -> Tensor:
+    r"""``diag(max(k(x, x) - prior[x, x], 0))`` at ``batch x t x d`` points ``Xs``.
+
+    ``prior`` is the dense SKI prior covariance ``W_* K_UU W_*^T`` at the points: what
+    the models' exact prior variance (:mod:`streamgp.linalg.prior_variance`) adds to the
+    SKI posterior covariance, with ``k(x, x)`` from the kernel at every point.
+    """
+    exact = kernel(Xs, diag=True).expand(prior.shape[:-1])
+    return torch.diag_embed((exact - prior.diagonal(dim1=-2, dim2=-1)).clamp_min(0.0))
+
+
 class DenseOracle(Model, FantasizeMixin):
     r"""A BoTorch model from ``latent(X) -> (mean, covariance)`` and a noise level.
 

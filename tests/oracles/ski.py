@@ -5,6 +5,11 @@ observation and evaluates the SKI posterior ``K_XX ~ W K_UU W^T`` with dense
 solves, with ``K_UU`` evaluated by the kernel on all grid points (no jitter,
 no Kronecker structure, no Woodbury identity). Conditioning appends data, with
 batch dimensions, so it is also the oracle for BoTorch fantasies.
+
+With ``exact_prior_variance=True`` it is the oracle of the models' default predictions
+(:mod:`streamgp.linalg.prior_variance`): the same dense SKI posterior plus
+``diag(max(k(x, x) - w(x)^T K_UU w(x), 0))`` at the test points, with ``k(x, x)`` from
+the kernel at each point; the data fit (mean, conditioning) is SKI's.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import math
 import torch
 from torch import Tensor
 
-from oracles.base import DenseOracle
+from oracles.base import DenseOracle, prior_variance_gap
 from streamgp.linalg import grid_kernel_matrix
 
 
@@ -27,15 +32,28 @@ class DenseSKIModel(DenseOracle):
             variances, or None for the WiskiGP's (learned, differentiable) noise level.
         mean: Optional constant prior mean ``c`` (float or 0-d tensor); default zero.
             The posterior is then ``c`` plus the zero-mean one of ``y - c``.
+        exact_prior_variance: Add the exact prior variance's diagonal to the latent
+            covariance (default False: the exact SKI posterior).
+        kernel: The kernel ``k`` whose ``K_UU`` and ``k(x, x)`` are used (default:
+            ``wiski.covar_module``; a ``KissGP``'s base kernel).
     """
 
     def __init__(
-        self, wiski, X: Tensor, y: Tensor, noise: Tensor, mean: Tensor | float | None = None
+        self,
+        wiski,
+        X: Tensor,
+        y: Tensor,
+        noise: Tensor,
+        mean: Tensor | float | None = None,
+        exact_prior_variance: bool = False,
+        kernel=None,
     ) -> None:
         super().__init__()
         self.wiski = wiski
         self.X, self.y, self.noise = X, y, noise
         self.mean = 0.0 if mean is None else mean
+        self.exact_prior_variance = exact_prior_variance
+        self.kernel = wiski.covar_module if kernel is None else kernel
 
     @property
     def likelihood(self):
@@ -46,7 +64,10 @@ class DenseSKIModel(DenseOracle):
         return self.y.shape[:-1]
 
     def _K(self) -> Tensor:
-        return grid_kernel_matrix(self.wiski.covar_module, self.wiski.interpolation.grid)
+        interpolation = self.wiski.interpolation
+        if hasattr(interpolation, "grid"):
+            return grid_kernel_matrix(self.kernel, interpolation.grid)
+        return self.kernel(interpolation.points).to_dense()  # SoftKI's points
 
     def _noise(self) -> Tensor:
         if self.noise is None:
@@ -65,7 +86,10 @@ class DenseSKIModel(DenseOracle):
         a = torch.cholesky_solve((self.y - self.mean).unsqueeze(-1), L)
         mean = self.mean + (Ksx @ a).squeeze(-1)
         B = torch.linalg.solve_triangular(L, Ksx.mT, upper=False)
-        covar = Ws @ K @ Ws.mT - B.mT @ B
+        prior = Ws @ K @ Ws.mT
+        covar = prior - B.mT @ B
+        if self.exact_prior_variance:
+            covar = covar + prior_variance_gap(self.kernel, Xs, prior)
         return mean, covar
 
     def log_marginal_likelihood(self) -> Tensor:
@@ -105,7 +129,15 @@ class DenseSKIModel(DenseOracle):
             ],
             -1,
         )
-        return DenseSKIModel(self.wiski, X_all, y_all, noise_all, mean=self.mean)
+        return DenseSKIModel(
+            self.wiski,
+            X_all,
+            y_all,
+            noise_all,
+            mean=self.mean,
+            exact_prior_variance=self.exact_prior_variance,
+            kernel=self.kernel,
+        )
 
 
 def copy_hyperparameters(source, target) -> None:

@@ -19,6 +19,7 @@ from streamgp.linalg.love import (
     sample_with_root,
 )
 from streamgp.linalg.posterior_covariance import PosteriorCovariance
+from streamgp.linalg.prior_variance import PriorVarianceCorrection, root_covariance
 from streamgp.linalg.sparse_gp import (
     PseudoObservations,
     SparsePosterior,
@@ -42,6 +43,7 @@ __all__ = [
     "GridStatistics",
     "KernelFeatures",
     "PosteriorCovariance",
+    "PriorVarianceCorrection",
     "GridKernelRoot",
     "GridPosterior",
     "LanczosRoot",
@@ -60,6 +62,7 @@ __all__ = [
     "compress_root",
     "lanczos_root",
     "log_marginal_likelihood",
+    "root_covariance",
     "sample_with_root",
     "sparse_posterior",
     "streaming_collapsed_bound",

@@ -185,8 +185,11 @@ class PosteriorCovariance(DenseLinearOperator):
     Args:
         positive: Factors ``A_f`` (``batch x t x w_f``) of the elementwise product.
         negative: Roots ``N_j`` (``batch x t x r_j``) of the subtracted terms.
-        noise: Optional ``batch x t`` diagonal; scale: a tensor broadcastable to the
-            batch shape (default 1): one scale, or one per output.
+        noise: Optional ``batch x t`` diagonal: observation noise and/or the exact prior
+            variance's ``k(x, x) - w(x)^T K_UU w(x)``
+            (:mod:`~streamgp.linalg.prior_variance`); scaled with the rest by
+            :meth:`scaled`. scale: a tensor broadcastable to the batch shape (default 1):
+            one scale, or one per output.
         batch_shape: The operator's batch shape (factors are expanded to it).
 
     Example:

@@ -265,6 +265,10 @@ class AdditiveWiskiGP(WiskiGP):
             grown box, the same points per axis); False refuses it instead.
         mean_module: None (a learned constant, the default), a ``ConstantMean`` or
             ``ZeroMean()``.
+        exact_prior_variance: As in ``WiskiGP`` (default True): predictive variances
+            get ``k(x, x) - w(x)^T K_UU w(x)``, here ``sum_g`` of each group's
+            (:mod:`streamgp.linalg.prior_variance`), so the prior variance is the additive
+            kernel's own; False: the exact SKI posterior.
 
     Example:
         >>> X = torch.rand(50, 6, dtype=torch.float64)
@@ -293,6 +297,7 @@ class AdditiveWiskiGP(WiskiGP):
         extrapolation: str = "nearest",
         keep_data: bool = True,
         mean_module: ConstantMean | ZeroMean | None = None,
+        exact_prior_variance: bool = True,
     ) -> None:
         check_grid_model_data(train_X, train_Y, train_Yvar, likelihood)
         dim = train_X.shape[-1]
@@ -334,6 +339,7 @@ class AdditiveWiskiGP(WiskiGP):
             interpolation=build_interpolation,
             keep_data=keep_data,
             mean_module=mean_module,
+            exact_prior_variance=exact_prior_variance,
         )
 
     @property

@@ -31,7 +31,8 @@ LOVE (Pleiss, Gardner, Weinberger & Wilson, "Constant-Time Predictive Distributi
 for Gaussian Processes", ICML 2018; :mod:`streamgp.linalg.love`). Inside
 ``gpytorch.settings.fast_pred_var()`` or ``fast_pred_samples()`` the predictive
 covariance is ``(W_* R_k)(W_* R_k)^T`` with a rank-``k`` root ``R_k`` of the grid
-posterior covariance, returned as a ``RootLinearOperator``: a variance costs
+posterior covariance, returned as a ``RootLinearOperator`` (with the exact prior
+variance's diagonal, below, a ``LowRankRootAddedDiagLinearOperator``): a variance costs
 ``O(4^d k)`` and ``s`` joint samples at ``t`` points ``O(s k t)``. The rank is chosen
 to meet ``love_tolerance`` (default ``1e-8``; settable per model):
 
@@ -49,6 +50,12 @@ to meet ``love_tolerance`` (default ``1e-8``; settable per model):
 
 The root is cached until the data or the hyperparameters change. Models conditioned
 on observations (fantasies) use the exact path even under the switches.
+
+Exact prior variances (``exact_prior_variance=True``, the default): SKI's prior variance
+``w(x)^T K_UU w(x)`` dips below ``k(x, x)`` between grid points for lengthscales near the
+grid spacing; predictions add ``k(x, x) - w(x)^T K_UU w(x)`` to the diagonal of the
+predictive covariance (:mod:`streamgp.linalg.prior_variance`, shared with
+:class:`~streamgp.models.WiskiGP`). The training objective is unchanged.
 
 Costs. Building the prediction cache reads all ``n`` observations once
 (``O(n 16^d)`` for the statistics) and then costs ``O(m^3)`` (exact, dense grid,
@@ -120,7 +127,6 @@ from linear_operator.operators import (
     DenseLinearOperator,
     KroneckerProductLinearOperator,
     LinearOperator,
-    RootLinearOperator,
 )
 from torch import Tensor
 
@@ -130,9 +136,10 @@ from streamgp.interpolation.grid import (
     CubicGridInterpolation,
     grown_grid_bounds,
 )
-from streamgp.linalg.grid_kernel import grid_kernel_root, is_separable
+from streamgp.linalg.grid_kernel import GridKernelRoot, grid_kernel_root, is_separable
 from streamgp.linalg.love import DEFAULT_TOLERANCE, compress_root
 from streamgp.linalg.posterior_covariance import PosteriorCovariance
+from streamgp.linalg.prior_variance import PriorVarianceCorrection, root_covariance
 from streamgp.linalg.structured import structured_grid_posterior
 from streamgp.linalg.woodbury import GridPosterior, LowRankCorrection, factorize
 from streamgp.models.base import CheckpointMixin, construct_inputs_with_options
@@ -149,7 +156,9 @@ from streamgp.models.utils import (
     transform_new_data,
 )
 from streamgp.models.utils.defaults import DEFAULT, _DefaultType, mean_module_or_default
+from streamgp.models.utils.resolution import GridResolutionMixin
 from streamgp.models.wiski import build_grid
+from streamgp.settings import exact_prior_variance as exact_prior_variance_setting
 from streamgp.settings import skip_value_checks
 from streamgp.utils.validation import (
     check_choice,
@@ -203,6 +212,7 @@ class SKIKernel(GridInterpolationKernel):
 
 
 class KissGP(
+    GridResolutionMixin,
     CheckpointMixin,
     CachedPosteriorMixin,
     PosteriorMixin,
@@ -246,6 +256,16 @@ class KissGP(
         mean_module: The prior mean (in the outcome-transformed space): None (default)
             for a ``ConstantMean`` learned with the kernel, as in ``SingleTaskGP``; a
             gpytorch ``ConstantMean`` (one constant) or ``ZeroMean``.
+        exact_prior_variance: Predict with the kernel's own prior variance ``k(x, x)``
+            (default): the predictive covariance gets the diagonal
+            ``k(x, x) - w(x)^T K_UU w(x)`` (:mod:`streamgp.linalg.prior_variance`), on the
+            exact and LOVE paths and in conditioned (fantasy) models; the training
+            objective stays gpytorch's SKI likelihood. False (or
+            ``streamgp.settings.exact_prior_variance(False)``): the SKI posterior.
+
+    After a fit that leaves a lengthscale below two grid spacings the model warns once
+    (:class:`~streamgp.models.utils.resolution.CoarseGridWarning`), naming a finer
+    ``grid_size``.
 
     Unlike :class:`~streamgp.models.WiskiGP` there is no ``keep_data`` option: an exact
     GP keeps all its (transformed) data in ``train_inputs`` and ``train_targets``, so a
@@ -316,8 +336,13 @@ class KissGP(
         grid_bounds: Tensor | None = None,
         extrapolation: str = "nearest",
         mean_module: ConstantMean | ZeroMean | None = None,
+        exact_prior_variance: bool = True,
     ) -> None:
         check_grid_model_data(train_X, train_Y, train_Yvar, likelihood, allow_empty=False)
+        if not isinstance(exact_prior_variance, bool):
+            raise TypeError(
+                f"exact_prior_variance must be a bool, got {type(exact_prior_variance).__name__}."
+            )
         if mean_module is not None and not (
             type(mean_module) is ZeroMean
             or (type(mean_module) is ConstantMean and mean_module.constant.numel() == 1)
@@ -341,6 +366,7 @@ class KissGP(
         ExactGP.__init__(self, train_X, train_Y.squeeze(-1), likelihood.to(**tkwargs))
         self.fixed_noise = train_Yvar is not None
         self.extrapolation = extrapolation
+        self.exact_prior_variance = exact_prior_variance
         transformed_X, train_Y, train_Yvar = fit_frozen_transforms(
             self, train_X, train_Y, input_transform, outcome_transform, train_Yvar
         )
@@ -629,8 +655,7 @@ class KissGP(
         if "exact" not in self._posterior_cache:
             with torch.no_grad():
                 A, b = self.weighted_statistics()
-                L_K = grid_kernel_root(self.base_kernel, self.interpolation.grid)
-                self._posterior_cache["exact"] = factorize(L_K, A.to_dense(), b)
+                self._posterior_cache["exact"] = factorize(self._kernel_root(), A.to_dense(), b)
         return self._posterior_cache["exact"]
 
     def _love_posterior_cached(self) -> GridPosterior:
@@ -640,7 +665,7 @@ class KissGP(
             with torch.no_grad():
                 if is_separable(self.base_kernel):
                     A, b = self.weighted_statistics()
-                    L_K = grid_kernel_root(self.base_kernel, self.interpolation.grid)
+                    L_K = self._kernel_root()
                     posterior = structured_grid_posterior(L_K, A, b, tol=tol).posterior
                 else:
                     exact = self.grid_posterior()
@@ -650,6 +675,27 @@ class KissGP(
             }
             self._posterior_cache[key] = posterior
         return self._posterior_cache[key]
+
+    def _kernel_root(self) -> GridKernelRoot:
+        r"""Root of ``K_UU`` at the current hyperparameters (detached; cached with the
+        grid posterior, which it is part of)."""
+        if "kernel_root" not in self._posterior_cache:
+            with torch.no_grad():
+                root = grid_kernel_root(self.base_kernel, self.interpolation.grid)
+            self._posterior_cache["kernel_root"] = root
+        return self._posterior_cache["kernel_root"]
+
+    def prior_variance_correction(self, X: Tensor, weights: Any) -> Tensor | None:
+        r"""``d(x) = k(x, x) - w(x)^T K_UU w(x)`` (clamped at 0) at transformed inputs
+        (``batch x t``), or None when switched off (see ``exact_prior_variance``)."""
+        if not (self.exact_prior_variance and exact_prior_variance_setting.on()):
+            return None
+        self._check_hyperparameters()
+        if "prior_variance" not in self._posterior_cache:
+            self._posterior_cache["prior_variance"] = PriorVarianceCorrection(
+                self.base_kernel, self._kernel_root(), self.interpolation.bounds[:1]
+            )
+        return self._posterior_cache["prior_variance"](X, weights)
 
     def love_grid_posterior(self) -> GridPosterior | None:
         r"""The grid posterior with a rank-``k`` LOVE root, or None for the exact path.
@@ -687,17 +733,19 @@ class KissGP(
         under LOVE (a ``RootLinearOperator``), never ``t x 4^d x m``.
         """
         weights = self.interpolation.weights(X)
+        # The exact prior variance's diagonal, on both paths (as in WiskiGP).
+        diagonal = self.prior_variance_correction(X, weights)
         love = self.love_grid_posterior()
         if love is not None:
             root = weights.matmul(love.root)
             mean = self._plus_prior_mean(weights.dot(love.mean))
-            return MultivariateNormal(mean, RootLinearOperator(root))
+            return MultivariateNormal(mean, root_covariance(root, diagonal))
         posterior = self.grid_posterior()
         mean, positive, negative = self._current_correction().predict_factors(posterior, weights)
         mean = self._plus_prior_mean(mean)
         # Lazy: variances from the factors (or the cached grid covariance), the t x t
         # matrix only for joint use, as in WiskiGP.
-        covar = PosteriorCovariance(positive, negative, batch_shape=mean.shape[:-1])
+        covar = PosteriorCovariance(positive, negative, diagonal, batch_shape=mean.shape[:-1])
         return MultivariateNormal(mean, covar)
 
     def _check_inputs(self, X: Tensor, name: str) -> None:

@@ -254,6 +254,11 @@ class OnlineSoftKIGP(WiskiGP):
             :meth:`refit_points` can re-learn ``Z`` and ``T``. Default False: the model
             keeps ``O(m^2)`` statistics only.
         seed: Seed of the k-means++ initialisation.
+        exact_prior_variance: As in ``WiskiGP`` (default True): predictive variances
+            get ``k(x, x) - w(x)^T K_zz w(x)`` with the softmax weights ``w(x)``
+            (:mod:`streamgp.linalg.prior_variance`), so the prior variance is the
+            kernel's own, also far from the points; False: the exact SoftKI posterior
+            (as the batch :class:`~streamgp.models.SoftKIGP` predicts).
 
     Example:
         >>> X = torch.rand(300, 6, dtype=torch.float64)
@@ -296,6 +301,7 @@ class OnlineSoftKIGP(WiskiGP):
         pretrain_options: dict[str, Any] | None = None,
         keep_data: bool = False,
         seed: int = 0,
+        exact_prior_variance: bool = True,
     ) -> None:
         # Validate everything before any state is created.
         check_grid_model_data(train_X, train_Y, train_Yvar, likelihood)
@@ -352,6 +358,7 @@ class OnlineSoftKIGP(WiskiGP):
             input_transform,
             interpolation=learn_interpolation,
             mean_module=mean_module,
+            exact_prior_variance=exact_prior_variance,
         )
         self.keep_data = keep_data
 

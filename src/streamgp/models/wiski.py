@@ -46,9 +46,10 @@ LOVE (Pleiss et al., "Constant-Time Predictive Distributions for Gaussian
 Processes", ICML 2018; :mod:`streamgp.linalg.love`). Inside
 ``gpytorch.settings.fast_pred_var()`` or ``fast_pred_samples()`` the posterior
 covariance is ``(W_* R_k)(W_* R_k)^T`` with a rank-``k`` root ``R_k`` of the grid
-posterior covariance, returned as a ``RootLinearOperator``: a variance costs
-``O(4^d k)`` and ``s`` joint samples at ``t`` points ``O(s k t)`` (BoTorch samplers
-draw ``k``-dimensional base samples for it). The rank is not fixed: it is the
+posterior covariance, returned as a ``RootLinearOperator`` (plus the diagonal of the
+exact prior variance, below, as a ``LowRankRootAddedDiagLinearOperator``): a variance
+costs ``O(4^d k)`` and ``s`` joint samples at ``t`` points ``O(s k t)`` (BoTorch samplers
+draw ``k``-dimensional base samples for the root). The rank is not fixed: it is the
 smallest for which the uncaptured trace is at most ``love_tolerance`` times
 ``tr(Sigma_U)`` (default ``1e-8``), so every LOVE variance ``v_k(x)`` satisfies
 ``0 <= v(x) - v_k(x) <= |w(x)|^2 love_tolerance tr(Sigma_U)``. The root is derived
@@ -76,6 +77,18 @@ correction to the root. The marginal likelihood
 (:func:`streamgp.linalg.structured.structured_log_marginal_likelihood`) uses a
 Nystrom log-determinant within a certified gap of at most ``love_tolerance`` and
 conjugate gradients, so ``fit_gpytorch_mll`` works on large grids too.
+
+Exact prior variances (``exact_prior_variance=True``, the default;
+:mod:`streamgp.linalg.prior_variance`). SKI's prior variance ``w(x)^T K_UU w(x)`` dips
+below ``k(x, x)`` between grid points when the lengthscale nears the grid spacing (to
+0.75 of it at 0.8 spacings), which shows the grid as a lattice in variance maps. The
+predictive covariance at test points therefore gets the diagonal
+``k(x, x) - w(x)^T K_UU w(x)`` (the DTC predictive of Quinonero-Candela & Rasmussen,
+2005): the same for the marginal variances, the joint covariance, LOVE and fantasies,
+at ``O(4 d g)`` per point on a Kronecker grid, nothing per observation. The marginal
+likelihood, the mean and conditioning stay exact SKI (so refits stay constant-time in
+``n``); ``exact_prior_variance=False`` or ``streamgp.settings.exact_prior_variance(False)``
+gives the exact SKI posterior.
 
 References:
 
@@ -116,9 +129,6 @@ from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihoo
 from gpytorch.means import ConstantMean, ZeroMean
 from gpytorch.models import GP
 from gpytorch.settings import fast_pred_samples, fast_pred_var
-from linear_operator.operators import (
-    RootLinearOperator,
-)
 from torch import Tensor
 
 from streamgp import settings
@@ -133,6 +143,7 @@ from streamgp.linalg.data_space import DataCorrection, DataPosterior
 from streamgp.linalg.grid_kernel import GridKernelRoot, grid_kernel_root, is_separable
 from streamgp.linalg.love import DEFAULT_TOLERANCE, compress_root
 from streamgp.linalg.posterior_covariance import PosteriorCovariance
+from streamgp.linalg.prior_variance import PriorVarianceCorrection, root_covariance
 from streamgp.linalg.statistics import DataStatistics, GridStatistics
 from streamgp.linalg.woodbury import (
     GridPosterior,
@@ -152,12 +163,16 @@ from streamgp.models.utils import (
     transform_new_data,
 )
 from streamgp.models.utils.observations import ObservationStore
+from streamgp.models.utils.resolution import GridResolutionMixin
 from streamgp.settings import (
     ValueChecks,
     deferred_value_checks,
     immediate_value_checks,
     skip_value_checks,
     value_check,
+)
+from streamgp.settings import (
+    exact_prior_variance as exact_prior_variance_setting,
 )
 from streamgp.utils.validation import (
     check_choice,
@@ -288,6 +303,7 @@ _DATA_KEY_PREFIXES = (
 
 
 class WiskiGP(
+    GridResolutionMixin,
     CachedPosteriorMixin,
     StreamingModelMixin,
     FrozenTransformsMixin,
@@ -369,6 +385,20 @@ class WiskiGP(
             rows sum to one, so the statistics of the targets minus a constant follow
             from the statistics
             (:meth:`~streamgp.linalg.statistics.GridStatistics.shift`).
+        exact_prior_variance: Predict with the kernel's own prior variance ``k(x, x)``
+            (default): the posterior covariance at test points gets the diagonal
+            ``k(x, x) - w(x)^T K_UU w(x)`` (:mod:`streamgp.linalg.prior_variance`), which
+            SKI's interpolated prior variance misses between grid points when the
+            lengthscale nears the grid spacing. Marginal variances, the joint covariance,
+            LOVE and conditioned (fantasy) models all carry it; the marginal likelihood
+            and the data fit stay exact SKI. False: the exact SKI posterior (as does
+            ``with streamgp.settings.exact_prior_variance(False)`` for every model). A
+            flag, not state: checkpoints neither save nor change it.
+
+    After a fit (``fit_gpytorch_mll``) that leaves a lengthscale below
+    ``MIN_SPACINGS_PER_LENGTHSCALE`` (2) grid spacings, the model warns once with
+    :class:`~streamgp.models.utils.resolution.CoarseGridWarning`, naming a finer
+    ``grid_size``.
 
     Example:
         >>> from botorch.models.transforms import Normalize, Standardize
@@ -399,8 +429,11 @@ class WiskiGP(
     #: Derived from the statistics on demand (conditioning replayed).
     #: ``_pending_failure``: the failure flag (on the device) of the factorisations of the
     #: last update, read with the next call (see :meth:`_checked_call`).
-    cached_attributes = ("_posterior", "_love_cache", "_pending_failure")
+    #: ``_prior_variance``: the exact prior variance correction at the current
+    #: hyperparameters (:mod:`streamgp.linalg.prior_variance`), built with the posterior.
+    cached_attributes = ("_posterior", "_love_cache", "_pending_failure", "_prior_variance")
     _posterior: GridPosterior | DataPosterior | None
+    _prior_variance: PriorVarianceCorrection | None
     _pending_failure: Tensor | None
     #: (exact grid posterior it was derived from, tolerance, LOVE grid posterior)
     _love_cache: tuple[GridPosterior, float, GridPosterior] | None
@@ -443,6 +476,7 @@ class WiskiGP(
         interpolation: Callable[[Tensor, Tensor, Tensor | None], Any] | None = None,
         keep_data: bool = True,
         mean_module: ConstantMean | ZeroMean | None = None,
+        exact_prior_variance: bool = True,
     ) -> None:
         check_grid_model_data(train_X, train_Y, train_Yvar, likelihood, multi_output=True)
         num_outputs = train_Y.shape[-1]
@@ -468,6 +502,10 @@ class WiskiGP(
             )
         if not isinstance(keep_data, bool):
             raise TypeError(f"keep_data must be a bool, got {type(keep_data).__name__}.")
+        if not isinstance(exact_prior_variance, bool):
+            raise TypeError(
+                f"exact_prior_variance must be a bool, got {type(exact_prior_variance).__name__}."
+            )
         if interpolation is not None and (
             grid_size is not None or grid_bounds is not None or data_space_limit is not None
         ):
@@ -478,6 +516,7 @@ class WiskiGP(
         check_choice(extrapolation, "extrapolation", EXTRAPOLATION_POLICIES)
         super().__init__()
         self.extrapolation = extrapolation
+        self.exact_prior_variance = exact_prior_variance
         self._num_outputs = num_outputs
         dim = train_X.shape[-1]
         tkwargs = {"dtype": train_X.dtype, "device": train_X.device}
@@ -1056,9 +1095,11 @@ class WiskiGP(
         if self._posterior_on_grid(statistics):
             statistics = statistics.to_grid()
         with torch.no_grad():
+            root = self.kernel_root()
             self._posterior = self._centered(statistics).posterior(
-                self.kernel_root(), self.noise_variance, tol=self.love_tolerance
+                root, self.noise_variance, tol=self.love_tolerance
             )
+            self._prior_variance = self._new_prior_variance(root)
             self._snapshot_hyperparameters()
         # Replay conditioning (keeps gradients w.r.t. the conditioning inputs).
         self._correction = None
@@ -1291,20 +1332,42 @@ class WiskiGP(
         r"""Posterior of the latent function at already-transformed inputs ``X``."""
         posterior = self.exact_posterior()
         weights = self._rows(X)
+        # k(x, x) - w^T K_UU w on the diagonal (exact_prior_variance); the same for
+        # the marginal variances and the joint covariance, exact and LOVE paths alike.
+        diagonal = self.prior_variance_correction(X, weights)
         love = self.love_grid_posterior()
         if love is not None:
             # Sparse W_* times the m x k root: t x k, never t x 4^d x m.
             mean = self._plus_prior_mean(weights.dot(love.mean))
             root = weights.matmul(love.root)
             root = root.expand(*mean.shape, root.shape[-1])  # shared by the outputs
-            return MultivariateNormal(mean, RootLinearOperator(root))
+            return MultivariateNormal(mean, root_covariance(root, diagonal))
         mean, positive, negative = self._current_correction().predict_factors(posterior, weights)
         mean = self._plus_prior_mean(mean)
         # Variances from the factors, the dense t x t matrix only when asked for (joint
         # samples, Cholesky); a LinearOperator also defers factorisation to whoever needs
         # it (samplers add jitter as required).
-        covar = PosteriorCovariance(positive, negative, batch_shape=mean.shape[:-1])
+        covar = PosteriorCovariance(positive, negative, diagonal, batch_shape=mean.shape[:-1])
         return MultivariateNormal(mean, covar)
+
+    def _new_prior_variance(self, root: GridKernelRoot) -> PriorVarianceCorrection:
+        r"""The prior variance correction of the kernel with its (detached) root."""
+        return PriorVarianceCorrection(self.covar_module, root, self.interpolation.bounds[:1])
+
+    def prior_variance_correction(self, X: Tensor, weights: Any) -> Tensor | None:
+        r"""``d(x) = k(x, x) - w(x)^T K_UU w(x)`` (clamped at 0) at transformed inputs.
+
+        The diagonal the predictive covariance gets (see ``exact_prior_variance``), in
+        the layout of the rows ``weights`` (``batch x t``); None when switched off (the
+        constructor's ``exact_prior_variance`` or
+        :class:`streamgp.settings.exact_prior_variance`).
+        """
+        if not (self.exact_prior_variance and exact_prior_variance_setting.on()):
+            return None
+        if self._prior_variance is None:  # a posterior set without a rebuild (rare)
+            with torch.no_grad(), immediate_value_checks():
+                self._prior_variance = self._new_prior_variance(self.kernel_root())
+        return self._prior_variance(X, weights)
 
     def _plus_prior_mean(self, values: Tensor, sign: int = 1) -> Tensor:
         r"""``values`` (``... x q``, or ``... x k x q`` for ``k`` outputs) plus ``sign``

@@ -171,7 +171,9 @@ def assemble_posterior(
     A low-rank ``RootLinearOperator`` covariance (LOVE) keeps its structure
     (:func:`assemble_root_posterior`).
     """
-    if isinstance(mvn.lazy_covariance_matrix, RootLinearOperator):
+    if isinstance(
+        mvn.lazy_covariance_matrix, (RootLinearOperator, LowRankRootAddedDiagLinearOperator)
+    ):
         return assemble_root_posterior(
             model, mvn, X_t, observation_noise, noise_variance, posterior_transform
         )
@@ -260,11 +262,21 @@ def assemble_root_posterior(
 
     Keeps the covariance as ``root root^T (+ diag(noise))`` so that variances stay
     ``O(k)`` and BoTorch's samplers draw ``k``-dimensional base samples (LOVE). A
-    ``Standardize`` outcome transform scales the root itself, because its generic
-    untransform would wrap the root in a product operator and lose that structure.
+    latent covariance that already carries a diagonal (``root root^T + diag(d)``, the
+    exact prior variance correction of :mod:`streamgp.linalg.prior_variance`) keeps it,
+    with the observation noise added to it. A ``Standardize`` outcome transform scales
+    the root itself, because its generic untransform would wrap the root in a product
+    operator and lose that structure.
     """
-    mean, root = mvn.mean, mvn.lazy_covariance_matrix.root.to_dense()
+    mean, covar = mvn.mean, mvn.lazy_covariance_matrix
+    latent_diagonal = None
+    if isinstance(covar, LowRankRootAddedDiagLinearOperator):
+        latent_diagonal = covar._diag_tensor.diagonal().expand(mean.shape)
+        covar = covar._linear_op
+    root = covar.root.to_dense()
     noise = _observation_noise(observation_noise, noise_variance, mean.shape)
+    if latent_diagonal is not None:
+        noise = latent_diagonal if noise is None else latent_diagonal + noise
     outcome_tf = getattr(model, "outcome_transform", None)
     if type(outcome_tf) is Standardize:
         shift, scale = _standardize_coefficients(outcome_tf)
