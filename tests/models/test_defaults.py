@@ -251,3 +251,28 @@ def test_wiski_restandardize_recovers_the_rebuilt_single_task_gp(drift_reference
     _fit(model)
     _, rebuilt_rmse = drift_references
     assert _rmse(model, X_test, Y_test) <= 1.25 * rebuilt_rmse
+
+
+@pytest.mark.parametrize(
+    ("cls", "scales"), [("OnlineSVGP", (1.0, 1e3, 1e12)), ("DecoupledSVGP", (1.0,))]
+)
+def test_variational_models_without_a_transform_start_in_the_targets_units(cls, scales):
+    # Issue 37: OnlineSVGP(X, Y + 100, outcome_transform=None) predicted about 6. Without
+    # Standardize the default modules now start at the targets' level (and, for O-SVGP,
+    # scale): the error is within 2x of the default (standardised) path's on Y + 100 and
+    # on scaled targets. (DecoupledSVGP's Adam steps on its covariance root are not
+    # equivariant in the scale: far from unit scale it needs the default Standardize.)
+    from streamgp import models
+
+    model_class = getattr(models, cls)
+    gen = torch.Generator().manual_seed(0)
+    X = 0.1 + 0.8 * torch.rand(30, 2, dtype=torch.float64, generator=gen)
+    Y = torch.sin(4 * X).sum(-1, keepdim=True)
+    for scale in scales:
+        T = scale * Y + 100
+        errors = []
+        for options in ({}, {"outcome_transform": None}):
+            torch.manual_seed(1)
+            mean = model_class(X, T, **options).posterior(X).mean
+            errors.append(((mean - T).abs().max() / (T - T.mean()).abs().max()).item())
+        assert errors[1] < 2 * errors[0] + 0.05, (scale, errors)

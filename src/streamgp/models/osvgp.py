@@ -105,7 +105,12 @@ from streamgp.models.utils import (
     parameters_unchanged,
     transform_new_data,
 )
-from streamgp.models.utils.defaults import DEFAULT, _DefaultType, mean_module_or_default
+from streamgp.models.utils.defaults import (
+    DEFAULT,
+    _DefaultType,
+    in_target_units,
+    mean_module_or_default,
+)
 from streamgp.models.utils.optimization import PersistentOptimizerMixin
 from streamgp.utils.validation import (
     check_count,
@@ -315,6 +320,9 @@ class OnlineSVGP(
         check_targets(
             check_tensor(train_Y, "train_Y", like=train_X, min_dim=2), "train_Y", len(train_X)
         )
+        # The modules built here start in the targets' units without a transform.
+        defaults = {"mean_module": mean_module is None, "covar_module": covar_module is None}
+        defaults["likelihood"] = likelihood is None
         if likelihood is None:
             likelihood = GaussianLikelihood()
         _check_likelihood(likelihood)
@@ -384,6 +392,10 @@ class OnlineSVGP(
             jitter,
         )
         self.likelihood = likelihood.to(**tkwargs)
+        if getattr(self, "outcome_transform", None) is None and self.is_gaussian:
+            modules = {"mean_module": mean_module, "covar_module": covar_module}
+            modules["likelihood"] = self.likelihood
+            in_target_units(train_Y_t, **{k: v for k, v in modules.items() if defaults[k]})
         self.beta = float(beta)
         self.num_steps = num_steps
         self.num_init_steps = num_init_steps

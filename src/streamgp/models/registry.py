@@ -660,6 +660,8 @@ def _stream_osvgp(X, Y, Yvar, *, protocol, reuse, beta) -> Model:
         covar_module=covar_module,
         inducing_selector=_oips(protocol, covar_module),
         likelihood=BernoulliLikelihood() if protocol["classification"] else GaussianLikelihood(),
+        # The paper's learned constant from zero (the protocol standardised the data).
+        mean_module=ConstantMean(),
         beta=beta,
         num_steps=1,
         num_init_steps=protocol["pretrain_steps"],
@@ -705,6 +707,7 @@ def _stream_svdgp(
         basis_increment=minibatch_size,
         covar_module=_rbf_ard(X.shape[-1]),
         likelihood=GaussianLikelihood(),
+        mean_module=ConstantMean(),  # from zero, as for O-SVGP
         minibatch_size=minibatch_size,
         kl_columns=kl_columns,
         num_steps=1,

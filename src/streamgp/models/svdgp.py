@@ -87,7 +87,12 @@ from streamgp.models.utils import (
     fit_frozen_transforms,
     transform_new_data,
 )
-from streamgp.models.utils.defaults import DEFAULT, _DefaultType, mean_module_or_default
+from streamgp.models.utils.defaults import (
+    DEFAULT,
+    _DefaultType,
+    in_target_units,
+    mean_module_or_default,
+)
 from streamgp.models.utils.optimization import PersistentOptimizerMixin
 from streamgp.utils.validation import (
     check_count,
@@ -235,6 +240,8 @@ class DecoupledSVGP(
         check_targets(
             check_tensor(train_Y, "train_Y", like=train_X, min_dim=2), "train_Y", len(train_X)
         )
+        # The default constant starts at the targets' level without a transform.
+        defaults = {"mean_module": mean_module is None}
         if likelihood is None:
             likelihood = GaussianLikelihood()
         _check_likelihood(likelihood)
@@ -286,6 +293,12 @@ class DecoupledSVGP(
         self.covar_module = covar_module.to(**tkwargs)
         self.mean_module = mean_module_or_default(mean_module, train_X)
         self.likelihood = likelihood.to(**tkwargs)
+        if getattr(self, "outcome_transform", None) is None and self.is_gaussian:
+            # The level only: Adam's steps on the covariance root are not equivariant in
+            # the targets' scale (at 1e12 Y a unit-scale step breaks the root), so a scale
+            # far from one still needs the default Standardize.
+            if defaults["mean_module"]:
+                in_target_units(train_Y_t, mean_module=self.mean_module)
         self.max_mean_basis = max_mean_basis
         self.max_covar_basis = max_covar_basis
         self.basis_increment = basis_increment

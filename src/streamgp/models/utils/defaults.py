@@ -18,13 +18,16 @@ from its data, and nothing warns.
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
 from botorch.models.transforms.outcome import OutcomeTransform, Standardize
 from botorch.models.utils.gpytorch_modules import (
     get_covar_module_with_dim_scaled_prior,
     get_gaussian_likelihood_with_lognormal_prior,
 )
 from botorch.utils.types import DEFAULT, _DefaultType
-from gpytorch.kernels import Kernel
+from gpytorch.kernels import Kernel, ScaleKernel
 from gpytorch.likelihoods import GaussianLikelihood
 from gpytorch.means import ConstantMean, Mean
 from torch import Tensor
@@ -32,6 +35,7 @@ from torch import Tensor
 __all__ = [
     "DEFAULT",
     "_DefaultType",
+    "in_target_units",
     "kernel_and_likelihood_or_defaults",
     "mean_module_or_default",
     "outcome_transform_or_default",
@@ -105,3 +109,53 @@ def kernel_and_likelihood_or_defaults(
     if likelihood is None:
         likelihood = get_gaussian_likelihood_with_lognormal_prior()
     return covar_module.to(**tkwargs), likelihood.to(**tkwargs)
+
+
+def in_target_units(
+    train_Y: Tensor,
+    *,
+    mean_module: Mean | None = None,
+    covar_module: Kernel | None = None,
+    likelihood: Any | None = None,
+) -> None:
+    r"""Start default modules in the targets' units when nothing standardises them.
+
+    With ``Standardize`` (the default) a model sees targets of mean 0 and variance 1,
+    which is what its default modules' initial values (a zero constant, an outputscale
+    and a noise of order one) are for. With ``outcome_transform=None`` the targets may be
+    ``Y + 100`` or ``1e12 Y``, far from every initial value; a model trained by a few
+    Adam steps (O-SVGP, SVDGP) then never gets there and silently predicts the wrong
+    level or scale. This gives such a model the same starting point in the targets' own
+    units: the constant at their mean, the outputscale and the noise times their
+    variance; all stay learned. Pass only the modules the model created itself: the
+    caller's own are left as given.
+
+    Args:
+        train_Y: ``n x 1`` targets, as the model sees them.
+        mean_module: A default ``ConstantMean``, or None.
+        covar_module: A default kernel (its outputscale is scaled if it is a
+            ``ScaleKernel``), or None.
+        likelihood: A default ``GaussianLikelihood``, or None.
+
+    Example:
+        >>> import torch
+        >>> from gpytorch.kernels import RBFKernel, ScaleKernel
+        >>> Y = 1e6 * torch.randn(50, 1, dtype=torch.float64) + 100
+        >>> mean, kernel = ConstantMean().double(), ScaleKernel(RBFKernel()).double()
+        >>> in_target_units(Y, mean_module=mean, covar_module=kernel)
+        >>> bool(torch.isclose(mean.constant, Y.mean()))
+        True
+    """
+    y = train_Y.detach().reshape(-1)
+    if len(y) == 0 or not bool(torch.isfinite(y).all()):
+        return
+    variance = y.var() if len(y) > 1 else y.new_ones(())
+    if not variance > 0:
+        variance = y.new_ones(())
+    with torch.no_grad():
+        if isinstance(mean_module, ConstantMean):
+            mean_module.constant = y.mean().to(mean_module.constant)
+        if isinstance(covar_module, ScaleKernel):
+            covar_module.outputscale = covar_module.outputscale * variance
+        if isinstance(likelihood, GaussianLikelihood):
+            likelihood.noise = likelihood.noise * variance
