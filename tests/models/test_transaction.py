@@ -239,3 +239,11 @@ def test_kissgp_a_fault_in_a_regrid_is_rolled_back(error):
     undo()
     assert_same_model(model, reference, X_TEST)
     assert_same_model(model.observe(X_new, Y_new), reference.observe(X_new, Y_new), X_TEST)
+
+
+@pytest.mark.parametrize("cls", [WiskiGP, AdditiveWiskiGP, OnlineSoftKIGP])
+def test_every_cache_of_a_transactional_grid_model_is_part_of_its_restored_state(cls):
+    # A cache missing from ``mutable_state`` makes every rollback drop all caches, and
+    # the model then refactorises: its predictions move in the last bits (this happened
+    # when the exact prior variance's cache was added).
+    assert set(cls.cached_attributes) <= set(cls.mutable_state.attributes)

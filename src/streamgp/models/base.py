@@ -69,7 +69,12 @@ def checkpoint_checksum(checkpoint: dict[str, Any]) -> str:
 
     def visit(value: Any) -> None:
         digest.update(type(value).__name__.encode())
-        if isinstance(value, Tensor):
+        if isinstance(value, Tensor) and value.is_sparse:  # large grids' statistics
+            value = value.detach().coalesce()
+            digest.update(f"sparse{tuple(value.shape)}".encode())
+            visit(value.indices())
+            visit(value.values())
+        elif isinstance(value, Tensor):
             value = value.detach().cpu().contiguous()
             digest.update(f"{value.dtype}{tuple(value.shape)}".encode())
             digest.update(value.reshape(-1).view(torch.uint8).numpy().tobytes())

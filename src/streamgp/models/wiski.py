@@ -449,6 +449,7 @@ class WiskiGP(
             "_posterior",
             "_love_cache",
             "_pending_failure",
+            "_prior_variance",
             "_hyper_snapshot",
             "_correction",
             "_conditioning_log",
