@@ -554,6 +554,8 @@ def test_constant_is_learned_by_observe_steps_and_fit_gpytorch_mll():
         Y[:30],
         num_inducing=8,
         outcome_transform=None,
+        # A constant from zero (given, so not started at the targets' mean): learned.
+        mean_module=ConstantMean(),
         num_init_steps=5,
         num_steps=5,
         lr=0.1,

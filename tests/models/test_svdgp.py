@@ -633,6 +633,8 @@ def test_constant_is_learned_by_observe_steps_and_fit_gpytorch_mll():
         max_mean_basis=16,
         max_covar_basis=8,
         outcome_transform=None,
+        # A constant from zero (given, so not started at the targets' mean): learned.
+        mean_module=ConstantMean(),
         num_init_steps=5,
         num_steps=5,
         lr=0.1,
@@ -661,7 +663,13 @@ def test_fit_with_bases_at_the_data_is_the_exact_gp_fit():
     )
     fit_gpytorch_mll(ExactMarginalLogLikelihood(exact.likelihood, exact))
     model = DecoupledSVGP(
-        X, Y, mean_basis=X, covar_basis=X, outcome_transform=None, num_init_steps=0
+        X,
+        Y,
+        mean_basis=X,
+        covar_basis=X,
+        outcome_transform=None,
+        mean_module=ConstantMean(),  # the exact GP's start: a constant from zero
+        num_init_steps=0,
     )
     fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
     assert rel_err(hyperparameter_vector(model), hyperparameter_vector(exact)) < 1e-6
