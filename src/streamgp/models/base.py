@@ -142,15 +142,19 @@ class CheckpointMixin:
             >>> torch.equal(resumed.posterior(X_test).mean, model.posterior(X_test).mean)
             True
         """
-        # A snapshot: torch's state_dict() and an optimizer's state share storage with
-        # the live tensors, which the next update changes in place.
-        checkpoint = {
+        checkpoint = self._snapshot()
+        checkpoint["checksum"] = checkpoint_checksum(checkpoint)
+        return checkpoint
+
+    def _snapshot(self) -> dict[str, Any]:
+        r"""The checkpoint without its checksum (also ``restore``'s backup)."""
+        # Copies: torch's state_dict() and an optimizer's state share storage with the
+        # live tensors, which the next update changes in place.
+        return {
             "model": type(self).__name__,
             "state_dict": {k: v.detach().clone() for k, v in self.state_dict().items()},
             "stream": copy.deepcopy(self._stream_state()),
         }
-        checkpoint["checksum"] = checkpoint_checksum(checkpoint)
-        return checkpoint
 
     def restore(self, checkpoint: dict[str, Any]) -> CheckpointMixin:
         r"""Resume the stream saved by :meth:`checkpoint` (in place; returns the model).
@@ -187,7 +191,7 @@ class CheckpointMixin:
         # What the model's updates may change (its state and caches, by reference) is
         # put back after the backup: the model then predicts bit for bit as before.
         kept = take_snapshot(self) if hasattr(self, "mutable_state") else None
-        backup = self.checkpoint()
+        backup = self._snapshot()
         try:
             self._load_checkpoint(checkpoint)
         except BaseException:

@@ -130,6 +130,19 @@ def refit_marginal_likelihood(
     model.eval()
 
 
+def _resolve_options(
+    defaults: Mapping[str, Any], options: Mapping[str, Any] | None, what: str
+) -> dict[str, Any]:
+    r"""``defaults`` overridden by ``options``; names not in ``defaults`` raise ``what``
+    (formatted with the sorted unknown names) and the known names."""
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(defaults))
+    if unknown:
+        known = ", ".join(sorted(defaults)) or "none"
+        raise ValueError(f"{what.format(unknown)} (its options: {known}).")
+    return {**defaults, **options}
+
+
 #: How the streaming protocol trains a model: ``"adam"`` (the protocol's Adam steps on
 #: the model's objective), ``"model"`` (the model's own steps, in its constructor or
 #: ``observe``), ``"frozen"`` (none: ``observe`` only).
@@ -188,15 +201,8 @@ class StreamRecipe:
 
     def resolve_options(self, name: str, options: Mapping[str, Any] | None) -> dict[str, Any]:
         r"""The recipe's options overridden by ``options``; unknown names are refused."""
-        options = dict(options or {})
-        unknown = sorted(set(options) - set(self.options))
-        if unknown:
-            known = ", ".join(sorted(self.options)) or "none"
-            raise ValueError(
-                f"model_options[{name!r}] {unknown} are not protocol options of {name!r} "
-                f"(its options: {known})."
-            )
-        return {**self.options, **options}
+        what = f"model_options[{name!r}] {{}} are not protocol options of {name!r}"
+        return _resolve_options(self.options, options, what)
 
 
 @dataclass(frozen=True)
@@ -268,14 +274,9 @@ class ModelSpec:
 
     def resolve_options(self, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
         r"""The entry's defaults overridden by ``options``; unknown names are refused."""
-        options = dict(options or {})
-        unknown = sorted(set(options) - set(self.options))
-        if unknown:
-            known = ", ".join(sorted(self.options)) or "none"
-            raise ValueError(
-                f"model_options {unknown} are not options of {self.name!r} (its options: {known})."
-            )
-        return {**self.options, **options}
+        return _resolve_options(
+            self.options, options, f"model_options {{}} are not options of {self.name!r}"
+        )
 
     def make(
         self,
@@ -399,8 +400,17 @@ def _sobol_points(num: int, dim: int, seed: int, like: Tensor) -> Tensor:
     return SobolEngine(dim, scramble=True, seed=seed).draw(num, dtype=torch.float64).to(like)
 
 
-def _grid_model_builder(default_kernel: Callable[[int, bool], Kernel | None]) -> Builder:
-    r"""Builds a frozen-transform model (WISKI, KISS-GP, SoftKI) for the loops.
+def _grid_kernel(dim: int, restandardizes: bool) -> Kernel:
+    if restandardizes:
+        return get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
+    return _scaled_rbf(dim)
+
+
+def _grid_model_builder(
+    model_class: type[Model],
+    default_kernel: Callable[[int, bool], Kernel | None] = _grid_kernel,
+) -> Builder:
+    r"""Builds a frozen-transform ``model_class`` (WISKI, KISS-GP, SoftKI) for the loops.
 
     The outcome is standardised with the initial design's statistics, then frozen.
     ``default_kernel(dim, restandardizes)`` is the kernel when the loop gives none.
@@ -421,7 +431,6 @@ def _grid_model_builder(default_kernel: Callable[[int, bool], Kernel | None]) ->
         train_Yvar: Tensor | None,
         *,
         covar_module: Kernel | None,
-        model_class: type[Model],
         restandardize: bool = False,
         **options: Any,
     ) -> Model:
@@ -432,19 +441,6 @@ def _grid_model_builder(default_kernel: Callable[[int, bool], Kernel | None]) ->
         return model_class(
             train_X, train_Y, train_Yvar, outcome_transform=Standardize(m=1), **kernel, **options
         )
-
-    return build
-
-
-def _grid_kernel(dim: int, restandardizes: bool) -> Kernel:
-    if restandardizes:
-        return get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
-    return _scaled_rbf(dim)
-
-
-def _bind(builder: Builder, model_class: type[Model], **fixed: Any) -> Builder:
-    def build(*args: Any, **options: Any) -> Model:
-        return builder(*args, model_class=model_class, **fixed, **options)
 
     return build
 
@@ -469,12 +465,11 @@ def _build_softki(
         distance = torch.cdist(points, points).fill_diagonal_(math.inf)
         nearest = distance.min(-1).values.median().item()
         options["temperature"] = relative_temperature * nearest
-    return _grid_model_builder(_grid_kernel)(
+    return _grid_model_builder(OnlineSoftKIGP)(
         train_X,
         train_Y,
         train_Yvar,
         covar_module=covar_module,
-        model_class=OnlineSoftKIGP,
         restandardize=restandardize,
         **options,
     )
@@ -732,7 +727,7 @@ register_model(
         "WISKI: SKI on a product grid with constant-time updates (1-3-D)",
         _WISKI_FAMILY | {"classification"},
         options={**_GRID, "restandardize": True},
-        build=_bind(_grid_model_builder(_grid_kernel), WiskiGP),
+        build=_grid_model_builder(WiskiGP),
         mll_class=WoodburyMarginalLogLikelihood,
         stream=StreamRecipe(_stream_wiski, per_output=True, projection="features"),
     )
@@ -745,7 +740,7 @@ register_model(
         _WISKI_FAMILY | {"high_dim"},
         options={**_GRID, "restandardize": True},
         # The model's own additive kernel (a scaled RBF per group) unless one is given.
-        build=_bind(_grid_model_builder(lambda dim, restandardizes: None), AdditiveWiskiGP),
+        build=_grid_model_builder(AdditiveWiskiGP, lambda dim, restandardizes: None),
         mll_class=WoodburyMarginalLogLikelihood,
     )
 )
@@ -756,7 +751,7 @@ register_model(
         "KISS-GP: grid interpolation, every prediction re-reads all data",
         frozenset({"fixed_noise"}),
         options=_GRID,
-        build=_bind(_grid_model_builder(_grid_kernel), KissGP),
+        build=_grid_model_builder(KissGP),
     )
 )
 register_model(
