@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from gpytorch.utils.grid import create_grid
@@ -26,35 +25,92 @@ from torch import Tensor
 from streamgp.settings import skip_value_checks, value_check, value_warning
 
 
-@dataclass(frozen=True)
 class InterpolationWeights:
     r"""Sparse interpolation matrix ``W`` with ``k`` non-zeros per row.
 
-    Attributes:
-        indices: ``batch_shape x N x k`` grid indices of the non-zeros.
+    Args:
+        indices: ``batch_shape x N x k`` grid indices of the non-zeros, or None when
+            ``axes`` are given: they are then formed on first use (see below).
         values: ``batch_shape x N x k`` interpolation weights (differentiable
-            with respect to the interpolated inputs).
+            with respect to the interpolated inputs), or None with ``indices``.
         num_grid: ``m``, the number of grid points (columns of ``W``).
+        axes: Optional per-axis 1-D weights whose row-wise Kronecker product is this
+            ``W`` (first axis slowest); kernels with Kronecker-factored roots use them to
+            work with ``d`` small ``N x g_i`` products instead of one ``N x m`` product.
+
+    In ``d`` dimensions a cubic row has ``k = 4^d`` non-zeros (4,096 in 6-D, 10^6 in
+    10-D), while its axes hold ``4 d``. Rows built from ``axes`` alone
+    (:attr:`is_factored`) keep only those; ``indices`` and ``values`` are formed (and
+    kept) on first access, which exact SKI in data space never needs.
     """
 
-    indices: Tensor
-    values: Tensor
-    num_grid: int
     #: Gathered elements (``N k p``) up to which :meth:`matmul` gathers instead of
     #: multiplying a sparse matrix: 2^24, 128 MiB in float64.
     GATHER_LIMIT = 2**24
-    #: Optional per-axis 1-D weights whose row-wise Kronecker product is this ``W``
-    #: (first axis slowest); kernels with Kronecker-factored roots use them to work
-    #: with ``d`` small ``N x g_i`` products instead of one ``N x m`` product.
-    axes: tuple[InterpolationWeights, ...] = ()
+
+    def __init__(
+        self,
+        indices: Tensor | None,
+        values: Tensor | None,
+        num_grid: int,
+        axes: tuple[InterpolationWeights, ...] = (),
+    ) -> None:
+        if (indices is None or values is None) and not axes:
+            raise ValueError("InterpolationWeights needs indices and values, or axes.")
+        self._indices = indices
+        self._values = values
+        self.num_grid = num_grid
+        self.axes = tuple(axes)
+
+    @property
+    def is_factored(self) -> bool:
+        r"""True while only the per-axis weights exist (the flat rows not yet formed)."""
+        return self._indices is None
+
+    @property
+    def indices(self) -> Tensor:
+        r"""``batch_shape x N x k`` grid indices of the non-zeros."""
+        if self._indices is None:
+            self._flatten()
+        return self._indices
+
+    @property
+    def values(self) -> Tensor:
+        r"""``batch_shape x N x k`` interpolation weights."""
+        if self._values is None:
+            self._flatten()
+        return self._values
+
+    @property
+    def num_weights(self) -> int:
+        r"""``k``, the non-zeros per row (without forming factored rows)."""
+        if self._indices is None:
+            return math.prod(axis.num_weights for axis in self.axes)
+        return self._indices.shape[-1]
+
+    def _flatten(self) -> None:
+        # Row-wise Kronecker product of the axes, first axis slowest: the flat index is
+        # ((i_1 g_2 + i_2) g_3 + i_3) ..., as in CubicGridInterpolation.weights.
+        first = self.axes[0]
+        indices, values = first.indices, first.values
+        for axis in self.axes[1:]:
+            indices = (indices.unsqueeze(-1) * axis.num_grid + axis.indices.unsqueeze(-2)).flatten(
+                -2
+            )
+            values = (values.unsqueeze(-1) * axis.values.unsqueeze(-2)).flatten(-2)
+        self._indices, self._values = indices, values
 
     @property
     def batch_shape(self) -> torch.Size:
-        return self.indices.shape[:-2]
+        return self._shape_source.shape[:-2]
 
     @property
     def num_rows(self) -> int:
-        return self.indices.shape[-2]
+        return self._shape_source.shape[-2]
+
+    @property
+    def _shape_source(self) -> Tensor:
+        return self.axes[0]._shape_source if self._indices is None else self._indices
 
     def matmul(self, rhs: Tensor) -> Tensor:
         r"""``W @ rhs`` for an ``m x p`` matrix ``rhs`` (or a batch of them).
@@ -107,6 +163,8 @@ class InterpolationWeights:
         axes = ()
         if len(self.axes) == len(other.axes):
             axes = tuple(a.cat(b) for a, b in zip(self.axes, other.axes, strict=True))
+        if axes and self.is_factored and other.is_factored:
+            return InterpolationWeights(None, None, self.num_grid, axes)
         return InterpolationWeights(
             stack(self.indices, other.indices),
             stack(self.values, other.values),
@@ -116,15 +174,17 @@ class InterpolationWeights:
 
     def detach(self) -> InterpolationWeights:
         r"""The same weights, cut from the graph of the inputs they were computed from."""
-        return InterpolationWeights(
-            self.indices, self.values.detach(), self.num_grid, tuple(a.detach() for a in self.axes)
-        )
+        axes = tuple(a.detach() for a in self.axes)
+        if self.is_factored:
+            return InterpolationWeights(None, None, self.num_grid, axes)
+        return InterpolationWeights(self.indices, self.values.detach(), self.num_grid, axes)
 
     def apply(self, fn) -> InterpolationWeights:
         r"""Apply a tensor function (``Module._apply``'s) to every tensor."""
-        return InterpolationWeights(
-            fn(self.indices), fn(self.values), self.num_grid, tuple(a.apply(fn) for a in self.axes)
-        )
+        axes = tuple(a.apply(fn) for a in self.axes)
+        if self.is_factored:
+            return InterpolationWeights(None, None, self.num_grid, axes)
+        return InterpolationWeights(fn(self.indices), fn(self.values), self.num_grid, axes)
 
     def dot(self, vec: Tensor) -> Tensor:
         r"""``W @ vec`` for a grid vector ``vec`` of shape ``m`` (gather, no matrix).
@@ -156,11 +216,11 @@ class InterpolationWeights:
         A multi-output model's rows broadcast against its per-output quantities this way
         (``batch x 1 x N`` rows against ``k`` outputs' ``batch x k x N`` targets).
         """
+        axes = tuple(a.unsqueeze_batch() for a in self.axes)
+        if self.is_factored:
+            return InterpolationWeights(None, None, self.num_grid, axes)
         return InterpolationWeights(
-            self.indices.unsqueeze(-3),
-            self.values.unsqueeze(-3),
-            self.num_grid,
-            tuple(a.unsqueeze_batch() for a in self.axes),
+            self.indices.unsqueeze(-3), self.values.unsqueeze(-3), self.num_grid, axes
         )
 
     def _gram_entries(self, weights: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -313,6 +373,10 @@ class CubicGridInterpolation(GridBox):
         (0.0, 1.0, 0.0, 0.0),
     )
 
+    #: From this many dimensions on, rows are returned factored (their ``4^d`` flat
+    #: weights formed only when used; see :class:`InterpolationWeights`).
+    FACTORED_FROM_DIM = 4
+
     def __init__(self, bounds: Tensor, grid_size: int | Sequence[int]) -> None:
         if bounds.ndim != 2 or bounds.shape[0] != 2:
             raise ValueError(f"grid_bounds must have shape 2 x d, got {tuple(bounds.shape)}.")
@@ -344,19 +408,23 @@ class CubicGridInterpolation(GridBox):
             [(axis[1] - axis[0]).item() for axis in self.grid], **tkwargs
         )
         self._grid_sizes = torch.tensor(sizes, **tkwargs)
-        # Flat index stride of each dimension (first dimension slowest).
-        self._strides = [math.prod(sizes[i + 1 :]) for i in range(d)]
         # Made once, on the device (a host constant copied per call would synchronise).
         self._cubic = torch.tensor(self._CUBIC_COEFFICIENTS, **tkwargs)
-        strides = torch.tensor(self._strides, device=bounds.device)
-        neighbours = torch.arange(4, device=bounds.device)
-        self._stride_tensor, self._neighbours = strides, neighbours
-        # Flat offsets of the 4^d neighbours from the lowest one, first dimension slowest.
-        self._neighbour_offsets = (
-            torch.cartesian_prod(*[neighbours * s for s in strides.tolist()]).reshape(-1, d).sum(-1)
-            if d > 1
-            else neighbours * strides[0]
-        )
+        self._neighbours = torch.arange(4, device=bounds.device)
+        # Flat index stride of each dimension (first dimension slowest) and flat offsets
+        # of the 4^d neighbours from the lowest one, for grids whose rows are formed
+        # flat (in many dimensions a flat index may not even fit in 64 bits).
+        self._stride_tensor = self._neighbour_offsets = None
+        if d < self.FACTORED_FROM_DIM:
+            strides = [math.prod(sizes[i + 1 :]) for i in range(d)]
+            self._stride_tensor = torch.tensor(strides, device=bounds.device)
+            self._neighbour_offsets = (
+                torch.cartesian_prod(*[self._neighbours * s for s in strides])
+                .reshape(-1, d)
+                .sum(-1)
+                if d > 1
+                else self._neighbours * strides[0]
+            )
 
     @property
     def dim(self) -> int:
@@ -404,6 +472,8 @@ class CubicGridInterpolation(GridBox):
             InterpolationWeights(per_dim_indices[..., i, :], per_dim_values[..., i, :], g)
             for i, g in enumerate(self.grid_size)
         )
+        if self._neighbour_offsets is None:  # 4^d weights a row: formed only if needed
+            return InterpolationWeights(None, None, self.num_grid, axes)
         # Tensor product over dimensions, first dimension's neighbour slowest.
         values = per_dim_values[..., 0, :]
         for i in range(1, self.dim):

@@ -88,9 +88,13 @@ class DataPosterior:
             or self.chol.dim() != 2
             or self.chol.requires_grad
             or m * n > MAX_CACHE_ENTRIES
+            # A row's gather from G costs k n for its k weights, its solve n^2: with as
+            # many weights as observations (4^d in d >= 4 dimensions) G saves nothing.
+            or weights.num_weights >= n
         ):
             return None
-        return self.cache.get(rows * n * n, build_cost=n * n * m, build=self._build_grid_cross)
+        saved = rows * n * (n - weights.num_weights)
+        return self.cache.get(saved, build_cost=n * n * m, build=self._build_grid_cross)
 
     def _build_grid_cross(self) -> Tensor:
         # K_UU W^T = L_K Phi^T with Phi = W L_K (the rows' features, densified).
@@ -205,7 +209,7 @@ class DataCorrection:
         self, posterior: DataPosterior, W_q: InterpolationWeights, y: Tensor, noise: Tensor
     ) -> DataCorrection:
         r"""Condition on ``q`` more rows (``W_q``: ``batch x q``; ``y``: ``sample x batch x q``)."""
-        noise = noise.expand(W_q.indices.shape[:-1])
+        noise = noise.expand(*W_q.batch_shape, W_q.num_rows)
         if self.weights is not None:
             W_q = self.weights.cat(W_q)
             batch = W_q.batch_shape

@@ -434,9 +434,11 @@ class DataStatistics:
             index = torch.zeros(0, k, dtype=torch.long, device=like.device)
             return InterpolationWeights(index, like.new_zeros(0, k), num_grid)
 
-        full = no_rows(math.prod(grid_size), 4 ** len(grid_size))
         axes = tuple(no_rows(g, 4) for g in grid_size)
-        weights = InterpolationWeights(full.indices, full.values, full.num_grid, axes)
+        if len(axes) > 1:  # factored, so that rows added stay factored if they are
+            weights = InterpolationWeights(None, None, math.prod(grid_size), axes)
+        else:
+            weights = no_rows(math.prod(grid_size), 4 ** len(grid_size))
         y = like.new_zeros(*like.shape[:-1], 0)  # k x 0 for k outputs
         return DataStatistics(weights, y, like.new_zeros(0) if fixed_noise else None)
 
@@ -479,15 +481,19 @@ class DataStatistics:
         def chunks():
             for start in range(0, self.count, chunk):
                 rows = slice(start, start + chunk)
-                weights = InterpolationWeights(
-                    self.weights.indices[rows],
-                    self.weights.values[rows],
-                    self.weights.num_grid,
-                    tuple(
-                        InterpolationWeights(a.indices[rows], a.values[rows], a.num_grid)
-                        for a in self.weights.axes
-                    ),
+                axes = tuple(
+                    InterpolationWeights(a.indices[rows], a.values[rows], a.num_grid)
+                    for a in self.weights.axes
                 )
+                if self.weights.is_factored:
+                    weights = InterpolationWeights(None, None, self.weights.num_grid, axes)
+                else:
+                    weights = InterpolationWeights(
+                        self.weights.indices[rows],
+                        self.weights.values[rows],
+                        self.weights.num_grid,
+                        axes,
+                    )
                 yield weights, self.y[..., rows], None if self.noise is None else self.noise[rows]
 
         return GridStatistics.of_rows(

@@ -24,6 +24,17 @@ of :mod:`streamgp.linalg.statistics`). The observation that takes ``n`` past the
 folds the rows into the grid statistics, which from then on are all that is kept.
 Posteriors, the likelihood and its gradients are the same on both sides.
 
+Four or more dimensions: cubic interpolation on a product grid puts ``4^d`` weights on
+every input (4,096 in 6-D), so grid statistics are out of reach. With its default grid
+a ``WiskiGP`` on ``d >= 4`` inputs therefore stays in data space for good: exact SKI
+with a product kernel factored per axis (``k_SKI(x, x') = prod_i k_i(x_i, x'_i)``, each
+``k_i`` interpolated on a fine 1-D grid, so it is the exact kernel to interpolation
+accuracy and its prior variance is exact), whose costs are an exact GP's (``O(n^2 q)``
+per update, ``O(n^3)`` per fit), not constant in ``n``; it warns once
+(:class:`HighDimensionalGridWarning`). This makes ``WiskiGP`` a safe drop-in for
+``SingleTaskGP`` in BoTorch's 4-20-D code; :class:`~streamgp.models.AdditiveWiskiGP`
+is the model whose updates stay constant in ``n`` there.
+
 Defaults are ``SingleTaskGP``'s: ``Standardize(m)`` and a learned constant prior mean.
 Transforms: an ``input_transform`` and an ``outcome_transform`` are fitted once, on
 the data given to the constructor, and then frozen; data added later with
@@ -191,14 +202,24 @@ DEFAULT_GRID_POINTS = 1024
 #: The same on CUDA, where the dense ``m x m`` algebra is cheap up to ``MAX_DENSE_GRID``
 #: (``16^3``, ``64^2``): finer grids represent rougher functions at no cost in ``n``.
 DEFAULT_CUDA_GRID_POINTS = 4096
+#: Points per unit of (transformed) input extent along every axis of the default grid in
+#: ``d >= 4`` dimensions. There the model stays in data space, where an axis costs its
+#: own ``g`` (``O(n^2 sum_i g_i)`` per kernel matrix), never the grid's ``prod_i g_i``.
+HIGH_DIM_POINTS_PER_UNIT = 32
+#: ``data_space_limit`` of a grid that grid space cannot hold (``d >= 4``, more than
+#: ``MAX_DENSE_GRID`` points): the model never leaves data space.
+UNLIMITED_DATA_SPACE = 2**62
 
 
 class HighDimensionalGridWarning(UserWarning):
-    r"""A product grid in 4 or more dimensions: ``4^d`` weights on every input.
+    r"""A product grid in 4 or more dimensions: its updates are not constant in ``n``.
 
     Raised (once per call site, Python's default) when :class:`WiskiGP` builds its
-    default grid for ``d >= 4`` inputs; :class:`~streamgp.models.AdditiveWiskiGP` is the
-    model for those dimensions. Passing ``grid_size`` states the choice and silences it.
+    default grid for ``d >= 4`` inputs. Cubic interpolation there puts ``4^d`` weights
+    on every input, so the model keeps exact SKI in data space (``n x n`` matrices, an
+    exact GP's costs) instead of folding its rows into a grid;
+    :class:`~streamgp.models.AdditiveWiskiGP` is the model whose updates stay constant in
+    ``n`` in those dimensions. Passing ``grid_size`` states the choice and silences it.
     """
 
 
@@ -213,9 +234,15 @@ def default_grid_size(
     ``g_i = extent_i / h`` with ``prod_i g_i`` about the budget, each between 4 and 256.
     Pass ``grid_size`` to a model to choose the grid yourself.
 
+    In ``d >= 4`` dimensions (where the model stays in data space, see
+    :class:`WiskiGP`) every axis gets ``HIGH_DIM_POINTS_PER_UNIT`` points per unit of
+    extent (plus the padding) instead of a share of a total budget.
+
     Example:
         >>> default_grid_size(3)
         [10, 10, 10]
+        >>> default_grid_size(6)
+        [35, 35, 35, 35, 35, 35]
         >>> default_grid_size(2, torch.tensor([[0.0, 0.0], [1.0, 4.0]]))
         [16, 64]
     """
@@ -225,6 +252,9 @@ def default_grid_size(
         extents = [1.0] * dim
     else:
         extents = [max(float(e), 1e-12) for e in (bounds[1] - bounds[0]).tolist()]
+    if dim >= CubicGridInterpolation.FACTORED_FROM_DIM:  # data space: axes cost apart
+        spacing = 1.0 / HIGH_DIM_POINTS_PER_UNIT
+        return [int(min(256, max(4, math.ceil(e / spacing - 1e-9) + 3))) for e in extents]
     spacing = (math.prod(extents) / budget) ** (1.0 / dim)
     return [int(min(256, max(4, math.floor(e / spacing + 1e-9)))) for e in extents]
 
@@ -329,7 +359,8 @@ class WiskiGP(
             the one-spacing padding beyond ``grid_bounds``. Default
             (:func:`default_grid_size`): about 1024 points in total on a CPU (32 per
             dimension in 2-D, 10 in 3-D) and 4096 on CUDA (64, 16), with one spacing
-            for every axis of ``grid_bounds``.
+            for every axis of ``grid_bounds``; in ``d >= 4`` dimensions 32 points per
+            unit of extent on every axis (data space, see ``data_space_limit``).
         grid_bounds: ``2 x d`` box covered by the grid, in the (transformed) input
             space. Default: the unit cube (the search space of inputs normalised with
             ``Normalize(d, bounds=bounds)``, or already in it); with an input transform
@@ -355,7 +386,12 @@ class WiskiGP(
             ``keep_data``).
         data_space_limit: Largest number of observations kept in data space (rows
             and ``n x n`` matrices); past it they are folded into grid statistics
-            for good. Default: ``min(m, MAX_DENSE_GRID)``, where the two costs cross.
+            for good. Default: ``min(m, MAX_DENSE_GRID)``, where the two costs cross;
+            unlimited for a grid of more than ``MAX_DENSE_GRID`` points in ``d >= 4``
+            dimensions (the default grid there), whose grid statistics would hold
+            ``(4^d)^2`` products per row: such a model is exact SKI in data space for
+            good, with an exact GP's costs (``O(n^2 q)`` updates, ``O(n^3)`` fits) and a
+            kernel factored per axis (``O(n^2 sum_i g_i)``, never ``4^d``).
             0 keeps it in grid space from the first observation on (a model
             built without data starts with empty data-space statistics).
         interpolation: Instead of the regular grid, a function of the transformed
@@ -554,14 +590,15 @@ class WiskiGP(
         # The grid size asked for (None: the default of whatever box the grid has).
         self._grid_size_option = grid_size
         if interpolation is None:
-            if dim >= 4 and grid_size is None:
+            if dim >= CubicGridInterpolation.FACTORED_FROM_DIM and grid_size is None:
                 warnings.warn(
-                    f"WiskiGP on {dim}-D inputs: its default grid is a product of "
-                    f"{default_grid_size(dim)} points per dimension, and cubic interpolation "
-                    f"puts 4^{dim} = {4**dim} weights on every input, so every update, "
-                    "prediction and fit is slow. For d >= 4 use AdditiveWiskiGP (an "
-                    "additive kernel over groups of at most 3 dimensions, 4 weights per "
-                    "dimension), or pass grid_size to choose this grid deliberately.",
+                    f"WiskiGP on {dim}-D inputs: cubic interpolation on a product grid "
+                    f"puts 4^{dim} = {4**dim} weights on every input, so the model keeps "
+                    "exact SKI in data space (n x n matrices, the kernel factored per "
+                    "axis): its updates cost O(n^2 q) and its fits O(n^3), as an exact "
+                    "GP's, not constant in n. For updates constant in n use "
+                    "AdditiveWiskiGP (an additive kernel over groups of at most 3 "
+                    "dimensions); pass grid_size to choose a grid yourself.",
                     HighDimensionalGridWarning,
                     stacklevel=2,
                 )
@@ -580,6 +617,9 @@ class WiskiGP(
                 data_space_limit = self.DATA_SPACE_LIMIT
             if data_space_limit is None:
                 data_space_limit = min(self.interpolation.num_grid, self.MAX_DENSE_GRID)
+                if self.structured and dim >= CubicGridInterpolation.FACTORED_FROM_DIM:
+                    # Grid statistics would hold (4^d)^2 products per row: stay in data space.
+                    data_space_limit = UNLIMITED_DATA_SPACE
         else:  # grid space from the start, with a dense root
             self.interpolation = interpolation(transformed_X, y_all, noise_all)
             self.structured = False
@@ -767,7 +807,9 @@ class WiskiGP(
         if isinstance(stats, GridStatistics):
             return {name: getattr(stats, name) for name in _GRID_FIELDS}
         weights = stats.weights
-        tensors = {"indices": weights.indices, "values": weights.values, "y": stats.y}
+        tensors = {"y": stats.y}
+        if not weights.is_factored:  # factored rows are saved as their axes only
+            tensors["indices"], tensors["values"] = weights.indices, weights.values
         for j, axis in enumerate(weights.axes):
             tensors[f"axis{j}_indices"], tensors[f"axis{j}_values"] = axis.indices, axis.values
         if stats.noise is not None:
@@ -802,18 +844,29 @@ class WiskiGP(
                     f"model's grid has {m} (build it with the same grid_size and grid_bounds)."
                 )
             return GridStatistics(gram=sums.pop("A"), **sums, fixed_noise=self.fixed_noise)
-        if tensors["indices"].numel() and int(tensors["indices"].max()) >= m:
+        interp = self.interpolation
+        largest = [(tensors["indices"], m)] if "indices" in tensors else []
+        largest += [
+            (tensors[f"axis{j}_indices"], g)
+            for j, g in enumerate(interp.grid_size)
+            if f"axis{j}_indices" in tensors
+        ]
+        if "indices" not in tensors and len(largest) != len(interp.grid_size):
+            raise ValueError("its rows have neither flat weights nor one set per grid axis.")
+        if any(index.numel() and int(index.max()) >= size for index, size in largest):
             raise ValueError(
                 f"its rows index a grid larger than this model's {m} points (build it with "
                 "the same grid_size and grid_bounds)."
             )
-        interp = self.interpolation
         axes = tuple(
             InterpolationWeights(get(f"axis{j}_indices"), get(f"axis{j}_values"), g)
             for j, g in enumerate(interp.grid_size)
             if f"axis{j}_indices" in tensors
         )
-        weights = InterpolationWeights(get("indices"), get("values"), interp.num_grid, axes)
+        if "indices" in tensors:
+            weights = InterpolationWeights(get("indices"), get("values"), interp.num_grid, axes)
+        else:
+            weights = InterpolationWeights(None, None, interp.num_grid, axes)
         return DataStatistics(weights, get("y"), get("noise") if self.fixed_noise else None)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
