@@ -11,6 +11,7 @@ import torch
 from botorch.models.transforms import Normalize, Standardize
 
 from streamgp.models import (
+    AdditiveWiskiGP,
     DecoupledSVGP,
     KissGP,
     LocalGP,
@@ -19,6 +20,7 @@ from streamgp.models import (
     OnlineSVGP,
     WiskiGP,
 )
+from streamgp.models.base import checkpoint_checksum
 
 DTYPE = torch.float64
 BOUNDS = torch.tensor([[0.0, 0.0], [1.0, 1.0]], dtype=DTYPE)
@@ -167,3 +169,81 @@ def test_a_checkpoint_with_nan_state_is_refused_naming_the_tensor(name):
     with pytest.raises(ValueError, match=rf"checkpoint\['state_dict'\]\['{key}'\] has NaN"):
         model.restore(bad)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+
+
+@pytest.mark.parametrize("name", list(FACTORIES))
+def test_save_and_load_checkpoint_files_round_trip_bit_for_bit(name, tmp_path):
+    X, Y = _data(30)
+    model = FACTORIES[name](X[:20], Y[:20])
+    model.observe(X[20:], Y[20:])
+    path = model.save_checkpoint(tmp_path / "sub" / "model.pt")
+    assert [p.name for p in path.parent.iterdir()] == ["model.pt"]  # no temporary left
+    resumed = FACTORIES[name](*_data(7))
+    assert resumed.load_checkpoint(path) is resumed
+    _assert_same_predictions(model, resumed, torch.rand(5, 2, dtype=DTYPE))
+    meta = torch.load(path, weights_only=True)["meta"]
+    assert meta["dtype"] == "torch.float64"
+    assert set(meta["versions"]) == {"streamgp", "torch", "botorch", "gpytorch"}
+    assert meta["options"]["num_outputs"] == 1
+
+
+def test_a_truncated_or_pickled_checkpoint_file_is_refused_naming_it(tmp_path):
+    X, Y = _data(20)
+    model = FACTORIES["WiskiGP-data"](X, Y)
+    path = model.save_checkpoint(tmp_path / "model.pt")
+    data = path.read_bytes()
+    (tmp_path / "truncated.pt").write_bytes(data[: len(data) // 2])
+    receiver = FACTORIES["WiskiGP-data"](*_data(7))
+    before = receiver.checkpoint()
+    with pytest.raises(ValueError, match="truncated.pt' cannot be read as a WiskiGP checkpoint"):
+        receiver.load_checkpoint(tmp_path / "truncated.pt")
+    payload = torch.load(path, weights_only=True)
+    payload["stream"]["extra"] = object.__new__(Normalize)  # a pickled object: code on load
+    torch.save(payload, tmp_path / "pickled.pt")
+    with pytest.raises(ValueError, match="pickled.pt' cannot be read"):
+        receiver.load_checkpoint(tmp_path / "pickled.pt")
+    with pytest.raises(FileNotFoundError, match="missing.pt"):
+        receiver.load_checkpoint(tmp_path / "missing.pt")
+    assert checkpoint_checksum(receiver.checkpoint()) == checkpoint_checksum(before)
+
+
+def test_a_failed_write_keeps_the_previous_file(tmp_path, monkeypatch):
+    X, Y = _data(20)
+    model = FACTORIES["WiskiGP-data"](X, Y)
+    path = model.save_checkpoint(tmp_path / "model.pt")
+    saved = path.read_bytes()
+
+    def interrupted(payload, file):
+        file.write(b"partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", interrupted)
+    model.observe(*_data(3))
+    with pytest.raises(KeyboardInterrupt):
+        model.save_checkpoint(path)
+    assert path.read_bytes() == saved
+    assert [p.name for p in tmp_path.iterdir()] == ["model.pt"]
+
+
+def test_a_checkpoint_of_another_dtype_or_other_state_options_is_refused_naming_them():
+    X, Y = _data(20)
+    source = FACTORIES["WiskiGP-data"](X, Y)
+    receiver = WiskiGP(X.float(), Y.float(), grid_size=10)
+    with pytest.raises(ValueError, match=r"\['dtype'\] is torch.float64, this model's is"):
+        receiver.restore(source.checkpoint())
+    fixed = WiskiGP(X, Y, torch.full_like(Y, 0.01), grid_size=10, **_transforms())
+    with pytest.raises(ValueError, match=r"\['options'\]\['fixed_noise'\] is False"):
+        fixed.restore(source.checkpoint())
+    X6 = torch.rand(20, 6, dtype=DTYPE)
+    Y6 = X6.sum(-1, keepdim=True)
+    pairs = AdditiveWiskiGP(X6, Y6, groups=[[0, 1], [2, 3], [4, 5]], grid_size=8)
+    singles = AdditiveWiskiGP(X6, Y6, grid_size=8)
+    before = checkpoint_checksum(singles.checkpoint())
+    with pytest.raises(ValueError, match=r"\['options'\]\['groups'\] is \[\[0, 1\]"):
+        singles.restore(pairs.checkpoint())
+    assert checkpoint_checksum(singles.checkpoint()) == before
+    # The grid is taken over, not required equal (the receiver adopts the checkpoint's).
+    other_grid = WiskiGP(X, Y, grid_size=16, **_transforms())
+    _assert_same_predictions(
+        other_grid.restore(source.checkpoint()), source, torch.rand(4, 2, dtype=DTYPE)
+    )

@@ -130,12 +130,7 @@ class DataPosterior:
         chol[:n, :n] = self.chol
         chol[n:, :n] = U.mT
         chol[n:, n:] = L_qq
-        features = KernelFeatures(
-            tuple(
-                torch.cat([a, b], dim=-2)
-                for a, b in zip(self.features.factors, new.factors, strict=True)
-            )
-        )
+        features = self.features.cat(new)
         cache = AmortizedCache()
         G = self.cache.value
         if G is not None:  # its q new columns: (K_UU W_q^T - G U) L_qq^{-T}, O(m n q)
@@ -240,10 +235,10 @@ class DataCorrection:
         """
         mean, U_star, features = posterior.predict(W_star)
         if self.features is None:
-            return mean, features.factors, (U_star.mT,)
+            return mean, (features,), (U_star.mT,)
         # Whitened cross-covariance with the conditioning rows: L_S^{-1} (K_c* - U^T U_*).
         cross = self.features.cross(features) - self.U.mT @ U_star
         chol = self.chol.expand(*cross.shape[:-2], *self.chol.shape[-2:])
         V = _solve_lower(chol, cross)  # batch x Q x t
         mean = mean + (V.mT @ self.gamma.unsqueeze(-1)).squeeze(-1)
-        return mean, features.factors, (U_star.mT, V.mT)
+        return mean, (features,), (U_star.mT, V.mT)

@@ -234,17 +234,33 @@ class GridKernelRoot:
         r"""The rows of ``W L`` (``N x m``), kept as Kronecker factors when ``L`` has them.
 
         With one factor per axis and per-axis weights, row ``i`` of ``W L`` is
-        ``kron_j (w_i^(j))^T L_j``: ``d`` gathers of ``4 x g_j`` values instead of an
-        ``N x m`` matrix. Otherwise it is the sparse product ``W L`` itself.
+        ``kron_j (w_i^(j))^T L_j``: one gather of ``4 x g_j`` values per axis, all axes
+        in one batched product, instead of an ``N x m`` matrix. Otherwise it is the sparse
+        product ``W L`` itself.
         """
         if len(self.factors) > 1 and len(weights.axes) == len(self.factors):
-            return KernelFeatures(
-                tuple(
-                    (axis.values.unsqueeze(-1) * factor[axis.indices]).sum(-2)
-                    for axis, factor in zip(weights.axes, self.factors, strict=True)
-                )
-            )
-        return KernelFeatures((weights.matmul(self.to_dense()),))
+            padded, offsets = self._padded_factors
+            idx = torch.stack([axis.indices for axis in weights.axes])  # f x batch x N x 4
+            val = torch.stack([axis.values for axis in weights.axes]).to(padded.dtype)
+            offsets = offsets.reshape(-1, *([1] * (idx.dim() - 1)))
+            rows = padded[idx + offsets]  # f x batch x N x 4 x w: the 4 rows of each L_j
+            stack = (val.unsqueeze(-2) @ rows).squeeze(-2)
+            return KernelFeatures(stack, tuple(f.shape[-1] for f in self.factors))
+        dense = weights.matmul(self.to_dense())
+        return KernelFeatures(dense.unsqueeze(0), (dense.shape[-1],))
+
+    @functools.cached_property
+    def _padded_factors(self) -> tuple[Tensor, Tensor]:
+        # The factors' rows, stacked and zero-padded to the widest (zeros change no inner
+        # product), as one (sum_j g_j) x w table, and each axis's first row in it.
+        width = max(f.shape[-1] for f in self.factors)
+        table = torch.cat(
+            [torch.nn.functional.pad(f, (0, width - f.shape[-1])) for f in self.factors]
+        )
+        starts = [0]
+        for f in self.factors[:-1]:
+            starts.append(starts[-1] + f.shape[-2])
+        return table, torch.tensor(starts, device=table.device)
 
 
 @dataclass(frozen=True)
@@ -254,38 +270,90 @@ class KernelFeatures:
     The SKI kernel is ``k_SKI(x, x') = w(x)^T L L^T w(x') = phi(x)^T phi(x')``, and for
     a Kronecker root ``phi(x) = kron_j phi_j(x)``, so
     ``k_SKI(x, x') = prod_j phi_j(x)^T phi_j(x')``: an ``N x N'`` block costs
-    ``O(N N' sum_j g_j)`` and never an ``m``-sized product.
+    ``O(N N' sum_j g_j)`` and never an ``m``-sized product. The factors are stacked, so
+    every product is one batched operation whatever the number of axes.
 
     Attributes:
-        factors: ``batch x N x g_j`` tensors, one per Kronecker factor of ``L``.
+        stack: ``f x batch x N x w`` tensor: the rows' features for each of the ``f``
+            Kronecker factors of ``L`` (one for a dense root), zero-padded to the widest.
+        widths: Each factor's own width ``g_j``.
     """
 
-    factors: tuple[Tensor, ...]
+    stack: Tensor
+    widths: tuple[int, ...]
+
+    @staticmethod
+    def of(factors: tuple[Tensor, ...]) -> KernelFeatures:
+        r"""Features from per-factor ``batch x N x g_j`` tensors."""
+        width = max(f.shape[-1] for f in factors)
+        padded = [torch.nn.functional.pad(f, (0, width - f.shape[-1])) for f in factors]
+        return KernelFeatures(torch.stack(padded), tuple(f.shape[-1] for f in factors))
+
+    @property
+    def factors(self) -> tuple[Tensor, ...]:
+        r"""The per-factor ``batch x N x g_j`` features."""
+        return tuple(self.stack[j, ..., :w] for j, w in enumerate(self.widths))
 
     @property
     def num_rows(self) -> int:
-        return self.factors[0].shape[-2]
+        return self.stack.shape[-2]
+
+    @property
+    def shape(self) -> torch.Size:
+        r"""``batch x N x w``: the shape of one factor's (padded) features."""
+        return self.stack.shape[1:]
 
     def cross(self, other: KernelFeatures) -> Tensor:
         r"""``k_SKI`` between these rows and ``other``'s: ``batch x N x N'``."""
-        out = None
-        for a, b in zip(self.factors, other.factors, strict=True):
-            block = a @ b.mT
-            out = block if out is None else out * block
-        return out
+        ndim = max(self.stack.dim(), other.stack.dim())
+        return (self._aligned(ndim) @ other._aligned(ndim).mT).prod(0)
+
+    def _aligned(self, ndim: int) -> Tensor:
+        # The stack with size-one batch dims added behind the leading factor dim, so that
+        # batch dims broadcast as a single factor's would.
+        stack = self.stack
+        if stack.dim() == ndim:
+            return stack
+        return stack.reshape(stack.shape[0], *([1] * (ndim - stack.dim())), *stack.shape[1:])
 
     def diag(self) -> Tensor:
         r"""``k_SKI(x_i, x_i)`` of every row: ``batch x N``."""
-        out = None
-        for a in self.factors:
-            block = a.square().sum(-1)
-            out = block if out is None else out * block
-        return out
+        return torch.linalg.vector_norm(self.stack, dim=-1).square().prod(0)
+
+    # The interface of a positive factor of PosteriorCovariance (a lazy Gram matrix).
+    def gram(self) -> Tensor:
+        return self.cross(self)
+
+    def row_sq_norms(self) -> Tensor:
+        return self.diag()
+
+    def cat(self, other: KernelFeatures) -> KernelFeatures:
+        r"""These rows followed by ``other``'s (same batch shape)."""
+        return KernelFeatures(torch.cat([self.stack, other.stack], dim=-2), self.widths)
+
+    def expand(self, *shape: int) -> KernelFeatures:
+        r"""Broadcast to ``batch x N x w`` = ``shape``."""
+        stack = self._aligned(len(shape) + 1)
+        return KernelFeatures(stack.expand(stack.shape[0], *shape), self.widths)
+
+    def unsqueeze(self, dim: int) -> KernelFeatures:
+        r"""A size-one dimension at ``dim`` of ``batch x N x w``."""
+        return KernelFeatures(self.stack.unsqueeze(dim if dim < 0 else dim + 1), self.widths)
+
+    def permute(self, *dims: int) -> KernelFeatures:
+        r"""Permute ``batch x N x w`` by ``dims`` (the factor dimension stays first)."""
+        ndim = self.stack.dim() - 1
+        return KernelFeatures(self.stack.permute(0, *((d % ndim) + 1 for d in dims)), self.widths)
+
+    def apply(self, fn) -> KernelFeatures:
+        r"""Apply a tensor function (``to``, ``detach``, ...) to the features."""
+        return KernelFeatures(fn(self.stack), self.widths)
 
     def to_dense(self) -> Tensor:
         r"""The rows as one dense ``batch x N x m`` matrix (row-wise Kronecker product)."""
-        out = self.factors[0]
-        for a in self.factors[1:]:
+        factors = self.factors
+        out = factors[0]
+        for a in factors[1:]:
             out = (out.unsqueeze(-1) * a.unsqueeze(-2)).flatten(-2)
         return out
 

@@ -27,6 +27,8 @@ from linear_operator.operators import DenseLinearOperator
 from linear_operator.utils.generic import _to_helper
 from torch import Tensor
 
+from streamgp.linalg.grid_kernel import KernelFeatures
+
 #: Largest cached matrix (entries) a posterior keeps to speed up predictions: an exact
 #: ``m x m`` grid covariance up to ``m = 4096`` (134 MB in float64).
 MAX_CACHE_ENTRIES = 2**24
@@ -158,14 +160,16 @@ class InterpolatedRoot:
         return torch.einsum("...ai,...aibj,...bj->...ab", val, block, val)
 
 
-def _gram(factor: Tensor | InterpolatedRoot) -> Tensor:
-    if isinstance(factor, InterpolatedRoot):
+# A positive factor is a root tensor ``A`` (for ``A A^T``) or a lazy one with ``gram()``
+# and ``row_sq_norms()``: an InterpolatedRoot, or KernelFeatures (a product of Grams).
+def _gram(factor: Tensor | InterpolatedRoot | KernelFeatures) -> Tensor:
+    if not isinstance(factor, Tensor):
         return factor.gram()
     return factor @ factor.mT
 
 
-def _row_sq_norms(factor: Tensor | InterpolatedRoot) -> Tensor:
-    if isinstance(factor, InterpolatedRoot):
+def _row_sq_norms(factor: Tensor | InterpolatedRoot | KernelFeatures) -> Tensor:
+    if not isinstance(factor, Tensor):
         return factor.row_sq_norms()
     # vector_norm reads the factor once (13x faster than square().sum() on a 10^4 x 1600
     # factor, which writes a temporary of that size); its gradient is zero, not NaN, at a
@@ -173,9 +177,11 @@ def _row_sq_norms(factor: Tensor | InterpolatedRoot) -> Tensor:
     return torch.linalg.vector_norm(factor, dim=-1).square()
 
 
-def _tensors(factor: Tensor | InterpolatedRoot) -> tuple[Tensor, ...]:
+def _tensors(factor: Tensor | InterpolatedRoot | KernelFeatures) -> tuple[Tensor, ...]:
     if isinstance(factor, InterpolatedRoot):
         return (factor.root, factor.weights.values)
+    if isinstance(factor, KernelFeatures):
+        return (factor.stack,)
     return (factor,)
 
 
@@ -320,7 +326,9 @@ class PosteriorCovariance(DenseLinearOperator):
     # factors instead. Lazily interpolated factors are formed first (a rare path:
     # BoTorch's ModelListGP moves a mixed multitask covariance with ``to``).
     def _rebuild(self, fn: Callable[[Tensor], Tensor]) -> PosteriorCovariance:
-        def factor(a: Tensor | InterpolatedRoot) -> Tensor:
+        def factor(a: Tensor | InterpolatedRoot | KernelFeatures) -> Tensor | KernelFeatures:
+            if isinstance(a, KernelFeatures):
+                return a.apply(fn)
             return fn(a.tensor if isinstance(a, InterpolatedRoot) else a)
 
         positive, negative = self._given

@@ -18,6 +18,8 @@ from typing import Any
 import pandas as pd
 import torch
 
+from streamgp.utils.checkpoint_files import read_checkpoint_file, write_checkpoint_file
+
 
 def resolve_device(device: str | torch.device) -> torch.device:
     r"""``torch.device`` for ``device``, with a clear error when CUDA is unavailable."""
@@ -199,21 +201,11 @@ class Loop(ABC):
             "initialized": self.initialized,
             "state": self._state() if self.initialized else None,
         }
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        torch.save(payload, tmp)
-        tmp.replace(path)
+        write_checkpoint_file(payload, path)
 
     def load(self, path: str | Path) -> Loop:
         r"""Resume from a checkpoint written by a loop built with the same settings."""
-        try:
-            payload = torch.load(Path(path), map_location=self.device, weights_only=True)
-        except FileNotFoundError:
-            raise
-        except Exception as error:  # truncated, corrupted, or holding pickled objects
-            raise ValueError(
-                f"checkpoint {str(path)!r} cannot be read as a streamgp loop checkpoint "
-                f"(tensors and plain types only): {type(error).__name__}: {error}"
-            ) from error
+        payload = read_checkpoint_file(path, "a streamgp loop checkpoint", self.device)
         if not isinstance(payload, dict) or not {"config", "history", "rng"} <= set(payload):
             raise ValueError(f"checkpoint {str(path)!r} is not a streamgp loop checkpoint.")
         if payload["config"] != self.config():

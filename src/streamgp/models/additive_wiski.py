@@ -376,5 +376,8 @@ class AdditiveWiskiGP(WiskiGP):
         sizes = [int(g) for g in size.tolist()]
         return AdditiveGridInterpolation(bounds, self.interpolation.groups, sizes), False
 
+    def _checkpoint_options(self) -> dict[str, Any]:
+        return {**super()._checkpoint_options(), "groups": self.groups}
+
     def _scale_kernels(self) -> list[ScaleKernel]:
         return [part for part in self.covar_module.kernels if isinstance(part, ScaleKernel)]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,6 +34,7 @@ from torch import Tensor
 from streamgp.mlls.objective import per_datum_objective
 from streamgp.models.utils.posterior import PosteriorMixin
 from streamgp.models.utils.transaction import restore_snapshot, take_snapshot
+from streamgp.utils.checkpoint_files import read_checkpoint_file, write_checkpoint_file
 
 
 def _check_no_nan_state(checkpoint: dict[str, Any]) -> None:
@@ -91,6 +93,8 @@ def checkpoint_checksum(checkpoint: dict[str, Any]) -> str:
 
     for key in ("model", "state_dict", "stream"):
         visit(checkpoint.get(key))
+    if "meta" in checkpoint:  # checkpoints written before it existed still verify
+        visit(checkpoint["meta"])
     return digest.hexdigest()
 
 
@@ -106,13 +110,35 @@ def construct_inputs_with_options(
     return {**Model.construct_inputs.__func__(cls, training_data), **options}
 
 
+def _versions() -> dict[str, str]:
+    import botorch
+    import gpytorch
+
+    from streamgp import __version__
+
+    # Plain strings (torch.__version__ is a str subclass a weights_only load refuses).
+    return {
+        "streamgp": str(__version__),
+        "torch": str(torch.__version__),
+        "botorch": str(botorch.__version__),
+        "gpytorch": str(gpytorch.__version__),
+    }
+
+
 class CheckpointMixin:
     r"""``checkpoint()`` / ``restore()``: a model's whole stream as a dict of tensors.
 
     A model using it implements ``load_state_dict(state, keep_transforms=False)`` (load
     everything ``state_dict()`` saved) and, for state held outside ``state_dict()``,
-    :meth:`_stream_state` and :meth:`_set_stream_state`.
+    :meth:`_stream_state` and :meth:`_set_stream_state`. It describes the options that
+    shape its state in :meth:`_checkpoint_options`; those it takes over from a checkpoint
+    on restore (a grid model's grid) are listed in :attr:`ADOPTED_OPTIONS`, the others must
+    match.
     """
+
+    #: Options in :meth:`_checkpoint_options` that ``restore`` takes from the checkpoint
+    #: instead of requiring them equal.
+    ADOPTED_OPTIONS: frozenset[str] = frozenset()
 
     def checkpoint(self) -> dict[str, Any]:
         r"""Everything needed to resume this model's stream exactly.
@@ -143,8 +169,76 @@ class CheckpointMixin:
             True
         """
         checkpoint = self._snapshot()
+        checkpoint["meta"] = {
+            "dtype": str(self._state_dtype()),
+            "versions": _versions(),
+            "options": self._checkpoint_options(),
+        }
         checkpoint["checksum"] = checkpoint_checksum(checkpoint)
         return checkpoint
+
+    def save_checkpoint(self, path: str | Path) -> Path:
+        r"""Write :meth:`checkpoint` to ``path`` atomically (a temporary file, then a
+        rename: a crash never leaves a truncated file); returns the path.
+
+        Example:
+            >>> import tempfile
+            >>> from streamgp.models import WiskiGP
+            >>> X = torch.rand(20, 2, dtype=torch.float64)
+            >>> model = WiskiGP(X, torch.sin(6 * X).sum(-1, keepdim=True), grid_size=16)
+            >>> path = model.save_checkpoint(f"{tempfile.mkdtemp()}/wiski.pt")
+            >>> resumed = WiskiGP(X[:5], X[:5, :1], grid_size=16).load_checkpoint(path)
+            >>> resumed.num_train
+            20
+        """
+        return write_checkpoint_file(self.checkpoint(), path)
+
+    def load_checkpoint(self, path: str | Path) -> CheckpointMixin:
+        r""":meth:`restore` the checkpoint file ``path`` (read with ``weights_only=True``).
+
+        Raises:
+            FileNotFoundError: If there is no such file.
+            ValueError: Naming the path, if the file is truncated, corrupted or holds
+                anything but tensors and plain types; or as :meth:`restore` does. The
+                model is then unchanged.
+        """
+        checkpoint = read_checkpoint_file(path, f"a {type(self).__name__} checkpoint")
+        try:
+            return self.restore(checkpoint)
+        except ValueError as error:
+            raise ValueError(f"checkpoint file {str(path)!r}: {error}") from error
+
+    def _state_dtype(self) -> torch.dtype:
+        r"""The floating dtype of the model's state (its first floating tensor)."""
+        for tensor in self.state_dict().values():
+            if isinstance(tensor, Tensor) and tensor.is_floating_point():
+                return tensor.dtype
+        return torch.get_default_dtype()
+
+    def _checkpoint_options(self) -> dict[str, Any]:
+        r"""The constructor options that shape the state (plain values only)."""
+        num_outputs = getattr(self, "num_outputs", None)
+        return {} if num_outputs is None else {"num_outputs": int(num_outputs)}
+
+    def _check_meta(self, meta: Any) -> None:
+        r"""Refuse a checkpoint written for another dtype or other state-shaping options."""
+        if not isinstance(meta, dict):
+            raise ValueError(f"checkpoint['meta'] must be a dict, got {type(meta).__name__}.")
+        dtype = str(self._state_dtype())
+        if "dtype" in meta and meta["dtype"] != dtype:
+            raise ValueError(
+                f"checkpoint['meta']['dtype'] is {meta['dtype']}, this model's is {dtype}: "
+                "build the receiving model in the checkpoint's dtype; the model is unchanged."
+            )
+        own = self._checkpoint_options()
+        for name, value in (meta.get("options") or {}).items():
+            if name in self.ADOPTED_OPTIONS or name not in own or own[name] == value:
+                continue
+            raise ValueError(
+                f"checkpoint['meta']['options'][{name!r}] is {value!r}, this model's is "
+                f"{own[name]!r}: build the receiving model with {name}={value!r}; the model "
+                "is unchanged."
+            )
 
     def _snapshot(self) -> dict[str, Any]:
         r"""The checkpoint without its checksum (also ``restore``'s backup)."""
@@ -167,7 +261,7 @@ class CheckpointMixin:
         and so does one whose ``checksum`` does not match its contents (a corrupted
         file that still loads).
         """
-        keys = {"model", "state_dict", "stream", "checksum"}
+        keys = {"model", "state_dict", "stream", "checksum", "meta"}
         if not isinstance(checkpoint, dict) or not (
             {"state_dict", "stream"} <= set(checkpoint) <= keys
         ):
@@ -188,6 +282,8 @@ class CheckpointMixin:
                 "checkpoint['checksum'] does not match its contents: the checkpoint is "
                 "corrupted (or was edited); the model is unchanged."
             )
+        if "meta" in checkpoint:
+            self._check_meta(checkpoint["meta"])
         # What the model's updates may change (its state and caches, by reference) is
         # put back after the backup: the model then predicts bit for bit as before.
         kept = take_snapshot(self) if hasattr(self, "mutable_state") else None

@@ -891,6 +891,17 @@ class WiskiGP(
             bounds, bounds[:0], bounds, grid_size, self.covar_module, self.MAX_DENSE_GRID
         )
 
+    #: A restore takes the checkpoint's grid (its box and points per axis).
+    ADOPTED_OPTIONS = frozenset({"grid_size"})
+
+    def _checkpoint_options(self) -> dict[str, Any]:
+        return {
+            **super()._checkpoint_options(),
+            "fixed_noise": bool(self.fixed_noise),
+            "keep_data": self.observations is not None,
+            "grid_size": [int(g) for g in self.interpolation.grid_size],
+        }
+
     def _stream_state(self) -> dict[str, Any]:
         # The grid options that decide future re-grids (the grid itself is in state_dict).
         return {
