@@ -111,9 +111,7 @@ def test_per_axis_rows_are_the_kronecker_factors_of_the_weights(d):
     other = interp.weights(torch.rand(3, d, dtype=DTYPE))
     for derived in (W.cat(other), W.detach(), W.unsqueeze_batch()):
         assert derived.axis_rows is not None
-        torch.testing.assert_close(
-            _kron_rows(derived.axes), derived.to_dense(), rtol=0, atol=1e-15
-        )
+        torch.testing.assert_close(_kron_rows(derived.axes), derived.to_dense(), rtol=0, atol=1e-15)
     # With explicitly given axes on one side, the stacked rows are still the factors.
     given = type(other)(other.indices, other.values, other.num_grid, other.axes)
     stacked = W.cat(given)

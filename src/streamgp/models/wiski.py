@@ -135,6 +135,7 @@ from streamgp import settings
 from streamgp.interpolation.grid import (
     EXTRAPOLATION_POLICIES,
     CubicGridInterpolation,
+    GridBox,
     InterpolationWeights,
     data_grid_bounds,
     grown_grid_bounds,
@@ -1576,7 +1577,8 @@ class WiskiGP(
                 like=self.interpolation.bounds,
                 dim=self.interpolation.dim,
                 num_outputs=self._num_outputs,
-                finite_X=False,  # check_inside refuses NaN and Inf (they leave the box)
+                # A grid box's check_inside refuses NaN and Inf too (they leave the box).
+                finite_X=not isinstance(self.interpolation, GridBox),
             )
             X_t, Y_t, _ = self._transform_new_data(X, Y)
             self.interpolation.check_inside(X_t, "X")

@@ -33,7 +33,12 @@ _VERIFIED: ContextVar[frozenset[int]] = ContextVar("streamgp_verified", default=
 
 class ParameterSnapshot(list):
     r"""Detached copies of some tensors (a list), with their values also kept flat
-    (:attr:`flat`), so that a comparison concatenates only the current tensors."""
+    (:attr:`flat`), so that a comparison concatenates only the current tensors.
+
+    The snapshot a :class:`CachedPosteriorMixin` keys its caches on (a model attribute,
+    never saved in a checkpoint); :func:`parameter_snapshot` gives a plain list, which a
+    checkpoint may hold (``torch.load(weights_only=True)`` reads lists of tensors).
+    """
 
     #: Set by a model that checked the values it derived from these tensors (e.g. a
     #: positive noise variance) when it took the snapshot: while the tensors equal it,
@@ -51,9 +56,9 @@ def _flat(tensors: Sequence[Tensor]) -> Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def parameter_snapshot(parameters: Iterable[Tensor]) -> ParameterSnapshot:
+def parameter_snapshot(parameters: Iterable[Tensor]) -> list[Tensor]:
     r"""Detached copies of ``parameters``, for :func:`parameters_unchanged`."""
-    return ParameterSnapshot(p.detach().clone() for p in parameters)
+    return [p.detach().clone() for p in parameters]
 
 
 def parameters_unchanged(current: Sequence[Tensor], snapshot: Sequence[Tensor] | None) -> bool:
@@ -180,7 +185,7 @@ class CachedPosteriorMixin:
     #: them to ``None``.
     cached_attributes: ClassVar[tuple[str, ...]] = ()
 
-    _hyper_snapshot: list[Tensor] | None
+    _hyper_snapshot: ParameterSnapshot | None
     _correction: Any
     _conditioning_log: list[tuple[Tensor, Tensor, Tensor]]
 
@@ -249,7 +254,7 @@ class CachedPosteriorMixin:
 
     def _snapshot_hyperparameters(self) -> None:
         r"""Key the caches on the current values of :meth:`_hyperparameters`."""
-        self._hyper_snapshot = parameter_snapshot(self._hyperparameters())
+        self._hyper_snapshot = ParameterSnapshot(parameter_snapshot(self._hyperparameters()))
 
     @property
     def batch_shape(self) -> torch.Size:
