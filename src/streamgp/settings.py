@@ -60,6 +60,7 @@ __all__ = [
     "immediate_value_checks",
     "skip_value_checks",
     "value_check",
+    "value_check_all",
     "value_warning",
 ]
 
@@ -121,6 +122,7 @@ class ValueChecks:
     def __init__(self) -> None:
         self._flags: list[Tensor] = []
         self._actions: list[tuple[str, Callable]] = []
+        self._failing: list[bool] = []
         self.read_done = False
         #: Whether factorisations record their failure (:meth:`record_failure`) instead
         #: of reading it; set by a model whose next call reads what was recorded.
@@ -130,6 +132,12 @@ class ValueChecks:
     def require(self, failed: Tensor, error: Callable[[], Exception]) -> None:
         r"""Raise ``error()`` at the read if ``failed`` (a boolean tensor) is True."""
         self._add(failed, "require", error)
+
+    def require_all(self, ok: Tensor, error: Callable[[], Exception]) -> None:
+        r"""Raise ``error()`` at the read unless ``ok`` (a boolean tensor) is all True.
+
+        :meth:`require` of ``~ok``, negated on the host: no negation on the device."""
+        self._add(ok, "require", error, failing=False)
 
     def warn(self, failed: Tensor, warn: Callable[[], None]) -> None:
         r"""Call ``warn()`` at the read if ``failed`` is True."""
@@ -141,20 +149,23 @@ class ValueChecks:
 
     def record_failure(self, failed: Tensor) -> None:
         r"""Keep a factorisation's failure flag on the device (see the module)."""
-        self.failures.append(failed.reshape(-1).any())
+        self.failures.append(failed if failed.dim() == 0 else failed.any())
 
     def failure_flag(self) -> Tensor | None:
         r"""The recorded failures as one boolean tensor, or None."""
-        if not self.failures:
-            return None
+        if len(self.failures) <= 1:
+            return self.failures[0] if self.failures else None
         return torch.stack(self.failures).any()
 
-    def _add(self, flag: Tensor, kind: str, action: Callable) -> None:
+    def _add(self, flag: Tensor, kind: str, action: Callable, failing: bool = True) -> None:
+        # ``failing``: the value of a check that fails (an "ok" flag fails when False).
+        reduced = flag if flag.dim() == 0 else (flag.any() if failing else flag.all())
         if self.read_done:  # after the read: check now
-            self._act([(kind, action)], [bool(flag.any())])
+            self._act([(kind, action)], [bool(reduced) == failing])
             return
-        self._flags.append(flag if flag.dim() == 0 else flag.reshape(-1).any())
+        self._flags.append(reduced)
         self._actions.append((kind, action))
+        self._failing.append(failing)
 
     def read(self) -> None:
         r"""Copy every check to the host at once and act on it (at most once)."""
@@ -163,7 +174,7 @@ class ValueChecks:
         self.read_done = True
         # (a bool tensor: the host copy is one byte per check)
         values = torch.stack(self._flags).tolist() if self._flags else []
-        self._act(self._actions, values)
+        self._act(self._actions, [v == f for v, f in zip(values, self._failing, strict=True)])
 
     @staticmethod
     def _act(actions: list[tuple[str, Callable]], values: list[bool]) -> None:
@@ -244,6 +255,21 @@ def value_check(failed: Tensor, error: Callable[[], Exception]) -> None:
     if checks is not None:
         checks.require(failed, error)
     elif bool(failed.any()):
+        raise error()
+
+
+def value_check_all(ok: Tensor, error: Callable[[], Exception]) -> None:
+    r"""Raise ``error()`` unless ``ok`` is all True: :func:`value_check` of ``~ok``, with
+    the negation done on the host (one operation fewer on the device).
+
+    Nothing is checked inside :class:`skip_value_checks`.
+    """
+    if skip_value_checks.on():
+        return
+    checks = _ACTIVE.get()
+    if checks is not None:
+        checks.require_all(ok, error)
+    elif not bool(ok.all()):
         raise error()
 
 

@@ -90,3 +90,57 @@ def test_bounds_check_names_argument_and_tolerates_roundoff():
         ValueError, match=r"Z has points outside grid_bounds in dimension\(s\) \[1\]"
     ):
         interp.check_inside(torch.tensor([[0.5, -0.1]], dtype=DTYPE), "Z")
+
+
+def _kron_rows(axes):
+    r"""Row-wise Kronecker product of per-axis dense weights (first axis slowest)."""
+    rows = axes[0].to_dense()
+    for axis in axes[1:]:
+        rows = (rows.unsqueeze(-1) * axis.to_dense().unsqueeze(-2)).flatten(-2)
+    return rows
+
+
+@pytest.mark.parametrize("d", [1, 2, 3])
+def test_per_axis_rows_are_the_kronecker_factors_of_the_weights(d):
+    interp = make(d=d, g=7)
+    X = torch.rand(2, 5, d, dtype=DTYPE)
+    W = interp.weights(X)
+    assert W.axis_rows is not None and len(W.axes) == d
+    torch.testing.assert_close(_kron_rows(W.axes), W.to_dense(), rtol=0, atol=1e-15)
+    # Stacking, cutting from the graph and adding a batch dimension keep them factors.
+    other = interp.weights(torch.rand(3, d, dtype=DTYPE))
+    for derived in (W.cat(other), W.detach(), W.unsqueeze_batch()):
+        assert derived.axis_rows is not None
+        torch.testing.assert_close(_kron_rows(derived.axes), derived.to_dense(), rtol=0, atol=1e-15)
+    # With explicitly given axes on one side, the stacked rows are still the factors.
+    given = type(other)(other.indices, other.values, other.num_grid, other.axes)
+    stacked = W.cat(given)
+    torch.testing.assert_close(_kron_rows(stacked.axes), stacked.to_dense(), rtol=0, atol=1e-15)
+
+
+def test_tensor_product_by_gather_equals_the_product_axis_by_axis(monkeypatch):
+    interp = make(d=3, g=8)
+    X = torch.rand(4, 6, 3, dtype=DTYPE)
+    gathered = interp.weights(X)
+    monkeypatch.setattr(CubicGridInterpolation, "PRODUCT_GATHER_MAX", 0)
+    by_axis = interp.weights(X)
+    assert torch.equal(gathered.indices, by_axis.indices)
+    assert torch.equal(gathered.values, by_axis.values)  # the same products, same order
+
+
+def test_points_on_the_bounds_and_grid_nodes_keep_their_neighbours():
+    interp = make(d=2, g=9)
+    nodes = torch.tensor([[0.0, 1.0], [1.0, 0.0], [0.5, 1.0 / 6.0]], dtype=DTYPE)
+    W = interp.weights(nodes)
+    assert int(W.indices.min()) >= 0 and int(W.indices.max()) < interp.num_grid
+    torch.testing.assert_close(W.values.sum(-1), torch.ones(3, dtype=DTYPE))
+    # A node's weight sits on the node itself.
+    dense = W.to_dense()
+    torch.testing.assert_close(dense.max(-1).values, torch.ones(3, dtype=DTYPE))
+
+
+def test_nan_and_inf_are_refused_as_such_by_the_box_check():
+    interp = make()
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="Z contains NaN or Inf"):
+            interp.check_inside(torch.tensor([[0.5, bad]], dtype=DTYPE), "Z")

@@ -229,3 +229,33 @@ def test_default_grid_in_four_or_more_dimensions_warns_and_names_the_additive_mo
         warnings.simplefilter("error", HighDimensionalGridWarning)
         WiskiGP(X, Y, grid_size=5)  # a deliberate grid
         WiskiGP(X[:, :3], Y)  # three dimensions: the product grid is WISKI's own
+
+
+def test_a_noise_made_invalid_after_the_caches_were_built_is_refused(model):
+    # The hot paths trust the noise checked when the caches were built while the
+    # hyperparameters equal their snapshot; a changed noise parameter is a changed
+    # snapshot: the rebuild checks it, and every call still refuses it.
+    snapshot = _snapshot(model)
+    with torch.no_grad():
+        saved = model.likelihood.noise_covar.raw_noise.clone()
+        model.likelihood.noise_covar.raw_noise.fill_(-0.1)
+    with pytest.raises(ValueError, match="noise variance"):
+        model.posterior(GOOD_X)
+    with pytest.raises(ValueError, match="noise variance"):
+        model.observe(GOOD_X, GOOD_Y)
+    with pytest.raises(ValueError, match="noise variance"):
+        model.condition_on_observations(GOOD_X, GOOD_Y)
+    with torch.no_grad():
+        model.likelihood.noise_covar.raw_noise.copy_(saved)
+    _assert_unchanged(model, snapshot)
+
+
+def test_caches_built_without_checks_have_their_noise_checked_afterwards(model):
+    from streamgp.settings import skip_value_checks
+
+    with torch.no_grad():
+        model.likelihood.noise_covar.raw_noise.fill_(-0.1)
+    with skip_value_checks():
+        model.posterior(GOOD_X)  # factorised unchecked: NaNs, no error
+    with pytest.raises(ValueError, match="noise variance"):
+        model.posterior(GOOD_X)

@@ -14,9 +14,11 @@ The flat grid index puts the first input dimension slowest, matching
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from gpytorch.utils.grid import create_grid
@@ -25,42 +27,56 @@ from torch import Tensor
 from streamgp.settings import skip_value_checks, value_check, value_warning
 
 
+@dataclass(frozen=True)
 class InterpolationWeights:
     r"""Sparse interpolation matrix ``W`` with ``k`` non-zeros per row.
 
-    Args:
-        indices: ``batch_shape x N x k`` grid indices of the non-zeros, or None when
-            ``axes`` are given: they are then formed on first use (see below).
+    Attributes:
+        indices: ``batch_shape x N x k`` grid indices of the non-zeros (None with
+            ``axis_rows`` or ``given_axes``: formed on first use, see below).
         values: ``batch_shape x N x k`` interpolation weights (differentiable
-            with respect to the interpolated inputs), or None with ``indices``.
+            with respect to the interpolated inputs; None with ``indices``).
         num_grid: ``m``, the number of grid points (columns of ``W``).
-        axes: Optional per-axis 1-D weights whose row-wise Kronecker product is this
-            ``W`` (first axis slowest); kernels with Kronecker-factored roots use them to
-            work with ``d`` small ``N x g_i`` products instead of one ``N x m`` product.
+        given_axes: Optional per-axis 1-D weights whose row-wise Kronecker product is
+            this ``W`` (first axis slowest), given explicitly; see :attr:`axes`.
+        axis_rows: The same per-axis weights stacked (what
+            :meth:`CubicGridInterpolation.weights` makes, as a by-product, without an
+            operation per axis): ``(base, values, grid_size)`` with ``base`` the
+            ``batch_shape x N x d x 1`` grid index of each axis' second neighbour (the
+            four are ``base - 1 .. base + 2``), ``values`` their ``batch_shape x N x d x 4``
+            weights and ``grid_size`` the points per axis.
 
     In ``d`` dimensions a cubic row has ``k = 4^d`` non-zeros (4,096 in 6-D, 10^6 in
-    10-D), while its axes hold ``4 d``. Rows built from ``axes`` alone
-    (:attr:`is_factored`) keep only those; ``indices`` and ``values`` are formed (and
-    kept) on first access, which exact SKI in data space never needs.
+    10-D), while its axes hold ``4 d``. Rows built from their axes alone
+    (:attr:`is_factored`, what :meth:`CubicGridInterpolation.weights` returns from
+    ``FACTORED_FROM_DIM`` dimensions on) keep only those; the flat ``indices`` and
+    ``values`` are formed (and kept) on first access, which exact SKI in data space with a
+    Kronecker root never needs.
     """
 
+    _indices: Tensor | None
+    _values: Tensor | None
+    num_grid: int
+    given_axes: tuple[InterpolationWeights, ...] = ()
+    axis_rows: tuple[Tensor, Tensor, tuple[int, ...]] | None = None
     #: Gathered elements (``N k p``) up to which :meth:`matmul` gathers instead of
     #: multiplying a sparse matrix: 2^24, 128 MiB in float64.
     GATHER_LIMIT = 2**24
 
-    def __init__(
-        self,
-        indices: Tensor | None,
-        values: Tensor | None,
-        num_grid: int,
-        axes: tuple[InterpolationWeights, ...] = (),
-    ) -> None:
-        if (indices is None or values is None) and not axes:
-            raise ValueError("InterpolationWeights needs indices and values, or axes.")
-        self._indices = indices
-        self._values = values
-        self.num_grid = num_grid
-        self.axes = tuple(axes)
+    @functools.cached_property
+    def axes(self) -> tuple[InterpolationWeights, ...]:
+        r"""Per-axis 1-D weights whose row-wise Kronecker product is this ``W`` (first
+        axis slowest), or ``()``: kernels with Kronecker-factored roots use them to work
+        with ``d`` small ``N x g_i`` products instead of one ``N x m`` product. Made from
+        :attr:`axis_rows` on first use (most predictions never need them)."""
+        if self.given_axes or self.axis_rows is None:
+            return self.given_axes
+        base, values, grid_size = self.axis_rows
+        indices = base + torch.arange(-1, 3, device=base.device)
+        return tuple(
+            InterpolationWeights(indices[..., i, :], values[..., i, :], g)
+            for i, g in enumerate(grid_size)
+        )
 
     @property
     def is_factored(self) -> bool:
@@ -85,32 +101,44 @@ class InterpolationWeights:
     def num_weights(self) -> int:
         r"""``k``, the non-zeros per row (without forming factored rows)."""
         if self._indices is None:
-            return math.prod(axis.num_weights for axis in self.axes)
+            return (
+                4 ** len(self.axis_rows[2])
+                if self.axis_rows is not None
+                else (math.prod(axis.num_weights for axis in self.given_axes))
+            )
         return self._indices.shape[-1]
 
     def _flatten(self) -> None:
         # Row-wise Kronecker product of the axes, first axis slowest: the flat index is
         # ((i_1 g_2 + i_2) g_3 + i_3) ..., as in CubicGridInterpolation.weights.
-        first = self.axes[0]
+        first, *rest = self.axes
         indices, values = first.indices, first.values
-        for axis in self.axes[1:]:
+        for axis in rest:
             indices = (indices.unsqueeze(-1) * axis.num_grid + axis.indices.unsqueeze(-2)).flatten(
                 -2
             )
             values = (values.unsqueeze(-1) * axis.values.unsqueeze(-2)).flatten(-2)
-        self._indices, self._values = indices, values
+        object.__setattr__(self, "_indices", indices)
+        object.__setattr__(self, "_values", values)
 
     @property
     def batch_shape(self) -> torch.Size:
-        return self._shape_source.shape[:-2]
+        if self._indices is None:
+            return self._row_shape[:-1]
+        return self._indices.shape[:-2]
 
     @property
     def num_rows(self) -> int:
-        return self._shape_source.shape[-2]
+        if self._indices is None:
+            return self._row_shape[-1]
+        return self._indices.shape[-2]
 
     @property
-    def _shape_source(self) -> Tensor:
-        return self.axes[0]._shape_source if self._indices is None else self._indices
+    def _row_shape(self) -> torch.Size:
+        # ``batch_shape x N`` of factored rows.
+        if self.axis_rows is not None:
+            return self.axis_rows[1].shape[:-2]
+        return self.given_axes[0].batch_shape + (self.given_axes[0].num_rows,)
 
     def matmul(self, rhs: Tensor) -> Tensor:
         r"""``W @ rhs`` for an ``m x p`` matrix ``rhs`` (or a batch of them).
@@ -134,8 +162,9 @@ class InterpolationWeights:
                     -2, idx.expand(*idx.shape[:-1], p)
                 )
                 rows = rows.reshape(*batch, self.num_rows, k, p)
-            values = self.values.to(rhs.dtype).unsqueeze(-2)
-            return (values @ rows).squeeze(-2)
+            values = self.values if self.values.dtype == rhs.dtype else self.values.to(rhs.dtype)
+            # One batched product (views around a bmm), the k gathered rows per point.
+            return torch.einsum("...k,...kp->...p", values, rows)
         flat_idx = self.indices.reshape(-1, k)
         rows = torch.arange(flat_idx.shape[0], device=rhs.device).repeat_interleave(k)
         sparse = torch.sparse_coo_tensor(
@@ -155,36 +184,59 @@ class InterpolationWeights:
             )
         batch = torch.broadcast_shapes(self.batch_shape, other.batch_shape)
 
-        def stack(a: Tensor, b: Tensor) -> Tensor:
-            return torch.cat(
-                [a.expand(*batch, *a.shape[-2:]), b.expand(*batch, *b.shape[-2:])], dim=-2
-            )
+        def stack(a: Tensor, b: Tensor, event_dims: int = 1) -> Tensor:
+            def expand(x: Tensor) -> Tensor:
+                shape = (*batch, *x.shape[x.dim() - event_dims - 1 :])
+                return x if x.shape == shape else x.expand(shape)
 
+            return torch.cat([expand(a), expand(b)], dim=-1 - event_dims)
+
+        factored = self.is_factored and other.is_factored
+        indices = None if factored else stack(self.indices, other.indices)
+        values = None if factored else stack(self.values, other.values)
+        if self.axis_rows is not None and other.axis_rows is not None:
+            (base, axis_values, grid_size), (other_base, other_values, _) = (
+                self.axis_rows,
+                other.axis_rows,
+            )
+            axis_rows = (stack(base, other_base, 2), stack(axis_values, other_values, 2), grid_size)
+            return InterpolationWeights(indices, values, self.num_grid, axis_rows=axis_rows)
         axes = ()
         if len(self.axes) == len(other.axes):
             axes = tuple(a.cat(b) for a, b in zip(self.axes, other.axes, strict=True))
-        if axes and self.is_factored and other.is_factored:
-            return InterpolationWeights(None, None, self.num_grid, axes)
-        return InterpolationWeights(
-            stack(self.indices, other.indices),
-            stack(self.values, other.values),
-            self.num_grid,
-            axes,
-        )
+        return InterpolationWeights(indices, values, self.num_grid, axes)
+
+    def _with(self, index_fn, value_fn, base_fn, values_fn, axis_fn):
+        # New weights with (indices, values) mapped by ``index_fn`` / ``value_fn`` (unless
+        # factored: they are not formed for it), the per-axis rows mapped alike: stacked
+        # rows by ``base_fn`` / ``values_fn``, given axes by ``axis_fn``.
+        indices = None if self.is_factored else index_fn(self._indices)
+        values = None if self.is_factored else value_fn(self._values)
+        if self.axis_rows is not None and not self.given_axes:
+            base, axis_values, grid_size = self.axis_rows
+            axis_rows = (base_fn(base), values_fn(axis_values), grid_size)
+            return InterpolationWeights(indices, values, self.num_grid, axis_rows=axis_rows)
+        axes = tuple(axis_fn(a) for a in self.axes)
+        return InterpolationWeights(indices, values, self.num_grid, axes)
 
     def detach(self) -> InterpolationWeights:
         r"""The same weights, cut from the graph of the inputs they were computed from."""
-        axes = tuple(a.detach() for a in self.axes)
-        if self.is_factored:
-            return InterpolationWeights(None, None, self.num_grid, axes)
-        return InterpolationWeights(self.indices, self.values.detach(), self.num_grid, axes)
+        return self._with(
+            lambda indices: indices,
+            Tensor.detach,
+            lambda base: base,
+            Tensor.detach,
+            InterpolationWeights.detach,
+        )
 
     def apply(self, fn) -> InterpolationWeights:
         r"""Apply a tensor function (``Module._apply``'s) to every tensor."""
-        axes = tuple(a.apply(fn) for a in self.axes)
-        if self.is_factored:
-            return InterpolationWeights(None, None, self.num_grid, axes)
-        return InterpolationWeights(fn(self.indices), fn(self.values), self.num_grid, axes)
+        return self._with(fn, fn, fn, fn, lambda a: a.apply(fn))
+
+    def map_rows(self, fn) -> InterpolationWeights:
+        r"""Apply a function of ``batch_shape x N x k`` tensors (a batch reshape, e.g. an
+        expand or a permute) to the indices and values; the per-axis rows are left out."""
+        return InterpolationWeights(fn(self.indices), fn(self.values), self.num_grid)
 
     def dot(self, vec: Tensor) -> Tensor:
         r"""``W @ vec`` for a grid vector ``vec`` of shape ``m`` (gather, no matrix).
@@ -193,7 +245,10 @@ class InterpolationWeights:
         outputs): the result is ``broadcast(batch_shape, L) x N``.
         """
         if vec.dim() == 1:
-            return (self.values * vec[self.indices]).sum(-1)
+            if vec.dtype != self.values.dtype:
+                return (self.values * vec[self.indices]).sum(-1)
+            # One batched dot product of the k gathered entries of each row.
+            return torch.einsum("...k,...k->...", self.values, vec[self.indices])
         batch = torch.broadcast_shapes(self.batch_shape, vec.shape[:-1])
         rows, k = self.indices.shape[-2:]
         index = self.indices.expand(*batch, rows, k).reshape(*batch, rows * k)
@@ -216,11 +271,12 @@ class InterpolationWeights:
         A multi-output model's rows broadcast against its per-output quantities this way
         (``batch x 1 x N`` rows against ``k`` outputs' ``batch x k x N`` targets).
         """
-        axes = tuple(a.unsqueeze_batch() for a in self.axes)
-        if self.is_factored:
-            return InterpolationWeights(None, None, self.num_grid, axes)
-        return InterpolationWeights(
-            self.indices.unsqueeze(-3), self.values.unsqueeze(-3), self.num_grid, axes
+        return self._with(
+            lambda indices: indices.unsqueeze(-3),
+            lambda values: values.unsqueeze(-3),
+            lambda base: base.unsqueeze(-4),
+            lambda values: values.unsqueeze(-4),
+            InterpolationWeights.unsqueeze_batch,
         )
 
     def _gram_entries(self, weights: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -289,11 +345,12 @@ class GridBox:
         weights clamp points onto the box)."""
         if skip_value_checks.on():
             return
-        outside = self.outside(X)
 
         def error() -> ValueError:
+            if not bool(torch.isfinite(X).all()):  # (NaN is "outside" on the device)
+                return ValueError(f"{name} contains NaN or Inf values.")
             flat = X.reshape(-1, X.shape[-1])
-            dims = outside.reshape(-1, X.shape[-1]).any(0).nonzero().flatten().tolist()
+            dims = self.outside(X).reshape(-1, X.shape[-1]).any(0).nonzero().flatten().tolist()
             return ValueError(
                 f"{name} has points outside grid_bounds in dimension(s) {dims} "
                 f"(bounds {self.bounds.tolist()}; observed min {flat.min(0).values.tolist()}, "
@@ -301,14 +358,32 @@ class GridBox:
                 "into grid_bounds or build the model with wider grid_bounds."
             )
 
-        value_check(outside.any(), error)
+        value_check(self.any_outside(X), error)
+
+    def _tolerance_box(self) -> tuple[Tensor, Tensor]:
+        r"""The bounds widened by :attr:`BOUNDS_RTOL` of the extent (lower, upper; ``d``
+        each), made once per ``bounds`` tensor rather than in every check."""
+        cached = getattr(self, "_tolerance_box_cache", None)
+        if cached is None or cached[0] is not self.bounds:
+            lo, hi = self.bounds[0], self.bounds[1]
+            tol = self.BOUNDS_RTOL * (hi - lo)
+            cached = (self.bounds, lo - tol, hi + tol)
+            self._tolerance_box_cache = cached
+        return cached[1], cached[2]
 
     def outside(self, X: Tensor) -> Tensor:
         r"""Where ``X`` lies outside the bounds by more than :attr:`BOUNDS_RTOL` (a boolean
         tensor of ``X``'s shape, computed on the device)."""
-        lo, hi = self.bounds[0], self.bounds[1]
-        tol = self.BOUNDS_RTOL * (hi - lo)
-        return (X < lo - tol) | (X > hi + tol)
+        lo, hi = self._tolerance_box()
+        return (X < lo) | (X > hi)
+
+    def any_outside(self, X: Tensor) -> Tensor:
+        r"""Whether any point of ``X`` lies outside the bounds by more than
+        :attr:`BOUNDS_RTOL`, or is not a number (a boolean scalar on the device): the
+        points that clamping to the widened box would move."""
+        lo, hi = self._tolerance_box()
+        with torch.no_grad():  # a flag: no graph
+            return X.clamp(lo, hi).ne(X).any()
 
     def prediction_inputs(self, X: Tensor, extrapolation: str, name: str = "X") -> Tensor:
         r"""Points at which a grid model predicts, under its ``extrapolation`` policy.
@@ -335,12 +410,15 @@ class GridBox:
                 stacklevel=4,
             )
 
-        outside = self.outside(X)
-        value_warning(outside.any(), warn)  # at the call's one read
-        # Only the points outside move (a selection on the device, no host decision);
-        # the others, and their gradients, stay exactly as they are.
-        lo, hi = self.bounds[0], self.bounds[1]
-        return torch.where(outside, torch.minimum(torch.maximum(X, lo), hi), X)
+        # Only the points outside the box (beyond its round-off tolerance) move, onto the
+        # widened box, where the weights clamp them onto the box itself; the others, and
+        # their gradients, stay exactly as they are. A selection on the device, no host
+        # decision; the flag (NaN included, which the finite check reports first) is read
+        # with the call's one read.
+        lo, hi = self._tolerance_box()
+        moved = X.clamp(lo, hi)
+        value_warning(moved.ne(X).any(), warn)
+        return moved
 
 
 class CubicGridInterpolation(GridBox):
@@ -373,10 +451,6 @@ class CubicGridInterpolation(GridBox):
         (0.0, 1.0, 0.0, 0.0),
     )
 
-    #: From this many dimensions on, rows are returned factored (their ``4^d`` flat
-    #: weights formed only when used; see :class:`InterpolationWeights`).
-    FACTORED_FROM_DIM = 4
-
     def __init__(self, bounds: Tensor, grid_size: int | Sequence[int]) -> None:
         if bounds.ndim != 2 or bounds.shape[0] != 2:
             raise ValueError(f"grid_bounds must have shape 2 x d, got {tuple(bounds.shape)}.")
@@ -403,28 +477,44 @@ class CubicGridInterpolation(GridBox):
             sizes, padded, extend=False, device=bounds.device, dtype=bounds.dtype
         )
         tkwargs = {"device": bounds.device, "dtype": bounds.dtype}
-        self._grid_start = torch.tensor([axis[0].item() for axis in self.grid], **tkwargs)
-        self._grid_spacing = torch.tensor(
-            [(axis[1] - axis[0]).item() for axis in self.grid], **tkwargs
-        )
-        self._grid_sizes = torch.tensor(sizes, **tkwargs)
-        # Made once, on the device (a host constant copied per call would synchronise).
-        self._cubic = torch.tensor(self._CUBIC_COEFFICIENTS, **tkwargs)
-        self._neighbours = torch.arange(4, device=bounds.device)
-        # Flat index stride of each dimension (first dimension slowest) and flat offsets
-        # of the 4^d neighbours from the lowest one, for grids whose rows are formed
-        # flat (in many dimensions a flat index may not even fit in 64 bits).
-        self._stride_tensor = self._neighbour_offsets = None
+        # Every constant of :meth:`weights` is made here, once, on the device and in the
+        # layout it is used in (``d x 1``, against points as ``... x N x d x 1``): a host
+        # constant copied per call would synchronise, and a per-call reshape, slice or
+        # conversion is one more operation (a kernel launch on a GPU) per call.
+        column = lambda values, **kw: torch.tensor(values, **kw).unsqueeze(-1)  # noqa: E731
+        self._lower, self._upper = bounds[0].unsqueeze(-1), bounds[1].unsqueeze(-1)
+        self._grid_start = column([axis[0].item() for axis in self.grid], **tkwargs)
+        self._grid_spacing = column([(axis[1] - axis[0]).item() for axis in self.grid], **tkwargs)
+        # The second neighbour ``base`` lies in [1, g - 3] (see :meth:`weights`).
+        self._base_min = torch.ones(d, 1, dtype=torch.long, device=bounds.device)
+        self._base_max = column([g - 3 for g in sizes], device=bounds.device)
+        # Keys' kernel's coefficients, one row per power of the offset (Horner's rule).
+        self._cubic = tuple(torch.tensor(self._CUBIC_COEFFICIENTS, **tkwargs).unbind())
+        # The flat layout, for grids whose rows are formed flat (below FACTORED_FROM_DIM
+        # dimensions; in many dimensions a flat index may not even fit in 64 bits).
+        self._neighbour_offsets = None
         if d < self.FACTORED_FROM_DIM:
+            # Flat index stride of each dimension (first dimension slowest).
             strides = [math.prod(sizes[i + 1 :]) for i in range(d)]
-            self._stride_tensor = torch.tensor(strides, device=bounds.device)
-            self._neighbour_offsets = (
-                torch.cartesian_prod(*[self._neighbours * s for s in strides])
-                .reshape(-1, d)
-                .sum(-1)
-                if d > 1
-                else self._neighbours * strides[0]
-            )
+            self._stride_column = column(strides, device=bounds.device)
+            # Flat offsets of the 4^d neighbours from the second one of every axis
+            # (``base``), first dimension slowest: ``digits[i, j] - 1`` times axis i's
+            # stride, summed.
+            digits = torch.cartesian_prod(*[torch.arange(4, device=bounds.device)] * d)
+            digits = digits.reshape(-1, d).mT.contiguous()  # d x 4^d: neighbour per axis
+            self._neighbour_offsets = ((digits - 1) * self._stride_column).sum(0)
+            # Where each factor of the tensor product sits among the d x 4 per-axis
+            # weights: one gather lays all d factors of all 4^d products out at once
+            # (``d 4^d`` numbers per point; beyond PRODUCT_GATHER_MAX of them, one outer
+            # product per axis).
+            self._product_index = (torch.arange(d, device=bounds.device).unsqueeze(-1), digits)
+
+    #: From this many dimensions on, rows are returned factored (their ``4^d`` flat
+    #: weights formed only when used; see :class:`InterpolationWeights`).
+    FACTORED_FROM_DIM = 4
+    #: Most gathered factors per point (``d 4^d``) for which :meth:`weights` forms the
+    #: tensor product by one gather (d <= 4); above, axis by axis (less memory).
+    PRODUCT_GATHER_MAX = 1024
 
     @property
     def dim(self) -> int:
@@ -447,40 +537,38 @@ class CubicGridInterpolation(GridBox):
         cubic convolution kernel of :class:`gpytorch.utils.interpolation.Interpolation`
         and the same flat index (first dimension slowest); differentiable in ``X``.
         """
-        lo, hi = self.bounds[0], self.bounds[1]
+        # Each coordinate as ``... x N x d x 1``, against the ``d x 1`` constants.
+        X = X.unsqueeze(-1)
         # Points within BOUNDS_RTOL of the box are clamped onto it; a no-op for
         # interior points, so gradients there are untouched.
-        X = torch.maximum(torch.minimum(X, hi), lo)
+        X = X.clamp(self._lower, self._upper)
         # Position in grid units. Inside the bounds the left neighbour `base` lies
         # in [1, g - 2]; capping it at g - 3 keeps the four neighbours base - 1 ..
         # base + 2 on the grid for points exactly on the upper bound (their offset
-        # becomes 1, where the kernel puts all weight on grid point g - 2).
+        # becomes 1, where the kernel puts all weight on grid point g - 2). Positions
+        # are positive (about 1 at the lower bound), so the integer conversion, which
+        # truncates, is their floor.
         position = (X - self._grid_start) / self._grid_spacing
-        base = position.detach().floor().clamp(min=torch.ones_like(self._grid_spacing))
-        base = torch.minimum(base, self._grid_sizes - 3)
+        base = position.long().clamp(self._base_min, self._base_max)
         # The kernel at the neighbours base - 1 .. base + 2, by Horner's rule in the
-        # offset t = position - base (in [0, 1]; differentiable in X): three fused
-        # multiply-adds for every point and dimension at once.
-        t = (position - base).unsqueeze(-1)
-        c = self._cubic
-        per_dim_values = torch.addcmul(
-            c[3], torch.addcmul(c[2], torch.addcmul(c[1], t, c[0]), t), t
-        )
-        lowest = base.long() - 1  # the lowest neighbour, per dimension
-        per_dim_indices = lowest.unsqueeze(-1) + self._neighbours
-        axes = tuple(
-            InterpolationWeights(per_dim_indices[..., i, :], per_dim_values[..., i, :], g)
-            for i, g in enumerate(self.grid_size)
-        )
+        # offset t = position - base (in [0, 1]; differentiable in X, as ``base`` is
+        # constant): three fused multiply-adds for every point and dimension at once.
+        t = position - base
+        c0, c1, c2, c3 = self._cubic
+        per_dim_values = torch.addcmul(c3, torch.addcmul(c2, torch.addcmul(c1, t, c0), t), t)
+        axis_rows = (base, per_dim_values, tuple(self.grid_size))
         if self._neighbour_offsets is None:  # 4^d weights a row: formed only if needed
-            return InterpolationWeights(None, None, self.num_grid, axes)
+            return InterpolationWeights(None, None, self.num_grid, axis_rows=axis_rows)
+        indices = (base * self._stride_column).sum(-2) + self._neighbour_offsets
         # Tensor product over dimensions, first dimension's neighbour slowest.
-        values = per_dim_values[..., 0, :]
-        for i in range(1, self.dim):
-            values = (values.unsqueeze(-1) * per_dim_values[..., i, None, :]).flatten(-2)
-        flat_lowest = (lowest * self._stride_tensor).sum(-1, keepdim=True)
-        indices = flat_lowest + self._neighbour_offsets
-        return InterpolationWeights(indices, values, self.num_grid, axes)
+        if self.dim * 4**self.dim <= self.PRODUCT_GATHER_MAX:
+            factors = per_dim_values[(..., *self._product_index)].unbind(-2)
+            values = functools.reduce(torch.mul, factors)
+        else:
+            values = per_dim_values[..., 0, :]
+            for i in range(1, self.dim):
+                values = (values.unsqueeze(-1) * per_dim_values[..., i, None, :]).flatten(-2)
+        return InterpolationWeights(indices, values, self.num_grid, axis_rows=axis_rows)
 
     def to(self, device: torch.device | None = None, dtype: torch.dtype | None = None):
         r"""Return a copy on another device and/or dtype."""

@@ -206,5 +206,9 @@ class DenseInterpolationWeights:
         r"""Apply a tensor function (``Module._apply``'s) to the values."""
         return DenseInterpolationWeights(fn(self.values))
 
+    def map_rows(self, fn) -> DenseInterpolationWeights:
+        r"""Apply a function of ``batch_shape x N x m`` tensors (a batch reshape)."""
+        return DenseInterpolationWeights(fn(self.values))
+
     def to_dense(self) -> Tensor:
         return self.values

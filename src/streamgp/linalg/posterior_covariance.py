@@ -109,7 +109,7 @@ class InterpolatedRoot:
     def _map(self, fn: Callable[[Tensor], Tensor]) -> InterpolatedRoot:
         # The weights' tensors are all batch x t x (k or m): a batch reshape acts on
         # their leading dims alike.
-        return InterpolatedRoot(self.weights.apply(fn), self.root, self.covariance)
+        return InterpolatedRoot(self.weights.map_rows(fn), self.root, self.covariance)
 
     def expand(self, *sizes: int) -> InterpolatedRoot:
         batch = torch.Size(sizes[:-2])
@@ -214,16 +214,23 @@ class PosteriorCovariance(DenseLinearOperator):
         batch_shape: torch.Size | None = None,
     ) -> None:
         t = positive[0].shape[-2]
-        parts = [*positive, *negative] + ([] if noise is None else [noise.unsqueeze(-1)])
         if batch_shape is None:
-            batch_shape = torch.broadcast_shapes(*(p.shape[:-2] for p in parts))
-        expand = lambda x: x.expand(*batch_shape, *x.shape[-2:])  # noqa: E731
+            batch_shape = torch.broadcast_shapes(
+                *(p.shape[:-2] for p in (*positive, *negative)),
+                *(() if noise is None else (noise.shape[:-1],)),
+            )
+        batch_shape = torch.Size(batch_shape)
+
+        def expand(x, event_shape):  # (no operation where x has the shape already)
+            shape = (*batch_shape, *event_shape)
+            return x if tuple(x.shape) == shape else x.expand(*shape)
+
         # The factors as given (e.g. shared by k outputs): products and norms are taken
         # on them once and broadcast, not on their expanded views once per batch entry.
         self._given = (tuple(positive), tuple(negative))
-        self.positive = tuple(expand(a) for a in positive)
-        self.negative = tuple(expand(n) for n in negative)
-        self.noise = None if noise is None else noise.expand(*batch_shape, t)
+        self.positive = tuple(expand(a, a.shape[-2:]) for a in positive)
+        self.negative = tuple(expand(n, n.shape[-2:]) for n in negative)
+        self.noise = None if noise is None else expand(noise, (t,))
         self.scale = scale
         self._shape = torch.Size([*batch_shape, t, t])
         self._dense: Tensor | None = None
@@ -268,7 +275,7 @@ class PosteriorCovariance(DenseLinearOperator):
             out = out - _row_sq_norms(n)
         if self.noise is not None:
             out = out + self.noise
-        return out.expand(self._shape[:-1])
+        return out if out.shape == self._shape[:-1] else out.expand(self._shape[:-1])
 
     def _check_args(self, *args, **kwargs) -> None:
         return None

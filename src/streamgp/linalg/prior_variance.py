@@ -110,27 +110,36 @@ class PriorVarianceCorrection:
         if len(root.factors) == 1:
             L = root.factors[0]
             self._prior = GridPosterior(root=L, mean=L.new_zeros(L.shape[-1]))
-        # Axes of one size (the default grids): their small kernel matrices L_i L_i^T
-        # stacked, so that w^T (kron_i K_i) w = prod_i w_i^T K_i w_i is one gather of
-        # 4 x 4 blocks for all axes (a few operations per call, whatever d is).
-        self._axis_kernels = None
+        # Axes of one size (the default grids): the 4 x 4 blocks of their small kernel
+        # matrices K_i = L_i L_i^T that a point's four neighbours on each axis span, for
+        # every position of those neighbours, so that w^T (kron_i K_i) w
+        # = prod_i w_i^T K_i w_i takes one gather of blocks for all axes and points (a
+        # few operations per call, whatever d is).
+        self._axis_blocks = None
         if len(root.factors) > 1 and len({f.shape[-1] for f in root.factors}) == 1:
-            self._axis_kernels = torch.stack([f @ f.mT for f in root.factors])
+            self._axis_blocks = _axis_blocks(torch.stack([f @ f.mT for f in root.factors]))
+            # (axis i's block of a point is _axis_blocks[i, base_i]: ``d x 1`` against the
+            # rows' ``... x t x d x 1`` bases)
             self._axis_index = torch.arange(
-                len(root.factors), device=self._axis_kernels.device
-            ).reshape(-1, 1, 1)
+                len(root.factors), device=self._axis_blocks.device
+            ).unsqueeze(-1)
 
     def interpolated(self, weights) -> Tensor:
         r"""SKI's prior variance ``w(x)^T L L^T w(x)`` of every row (``batch x t``)."""
         if self._prior is not None:
             return self._prior.interpolated_root(weights).row_sq_norms()
-        if self._axis_kernels is None or len(weights.axes) != len(self.root.factors):
+        axis_rows = getattr(weights, "axis_rows", None)
+        if (
+            self._axis_blocks is None
+            or axis_rows is None
+            or len(axis_rows[2]) != len(self.root.factors)
+        ):
             return self.root.features(weights).diag()  # d gathers of 4 x g_i values
-        K = self._axis_kernels
-        idx = torch.stack([axis.indices for axis in weights.axes], dim=-2)  # ... x t x d x 4
-        val = torch.stack([axis.values for axis in weights.axes], dim=-2).to(K.dtype)
-        block = K[self._axis_index, idx.unsqueeze(-1), idx.unsqueeze(-2)]  # ... x d x 4 x 4
-        return torch.einsum("...i,...ij,...j->...", val, block, val).prod(-1)
+        base, values, _ = axis_rows
+        blocks = self._axis_blocks
+        values = values if values.dtype == blocks.dtype else values.to(blocks.dtype)
+        block = blocks[self._axis_index, base]  # ... x t x d x 1 x 4 x 4
+        return torch.einsum("...di,...dzij,...dj->...d", values, block, values).prod(-1)
 
     def exact(self, X: Tensor) -> Tensor:
         r"""``k(x, x)``: a scalar for a stationary kernel, else ``batch x t``."""
@@ -159,6 +168,16 @@ class PriorVarianceCorrection:
         if exact.dim() > 0:
             exact = exact.reshape(ski.shape)
         return (exact - ski).clamp_min(0.0)
+
+
+def _axis_blocks(kernels: Tensor) -> Tensor:
+    r"""``blocks[i, b] = kernels[i, b-1 : b+3, b-1 : b+3]`` for ``d x g x g`` ``kernels``:
+    the ``d x (g - 2) x 4 x 4`` blocks of every axis' kernel matrix that cubic
+    interpolation's four neighbours ``b - 1 .. b + 2`` span (``b`` in ``[1, g - 3]``;
+    row ``0`` is unused, so that a point's ``base`` indexes its block directly)."""
+    windows = kernels.unfold(-2, 4, 1).unfold(-2, 4, 1)  # d x (g-3) x (g-3) x 4 x 4
+    blocks = windows.diagonal(dim1=1, dim2=2).permute(0, 3, 1, 2)  # d x (g-3) x 4 x 4
+    return torch.cat([blocks[:, :1], blocks], dim=1).contiguous()
 
 
 def root_covariance(root: Tensor, diagonal: Tensor | None = None) -> LinearOperator:

@@ -29,6 +29,7 @@ Two ways to absorb a batch of ``q`` observations (hyperparameters fixed):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -79,6 +80,12 @@ class GridPosterior:
         if R.dim() != 2 or r < m or R.requires_grad or m * m > MAX_CACHE_ENTRIES:
             return None
         return self.cache.get(work, build_cost=m * m * r, build=lambda: R @ R.mT)
+
+    @functools.cached_property
+    def no_correction(self) -> LowRankCorrection:
+        r"""The empty :class:`LowRankCorrection` of this posterior (made once: the hot
+        paths of a model without conditioning ask for it at every call)."""
+        return LowRankCorrection.empty(self.root.shape[-1], self.mean)
 
     def select_outputs(self, pick) -> GridPosterior:
         r"""The posterior of some outputs' grid values (``pick(mean, -2)``); the root and
@@ -443,6 +450,19 @@ def fold_low_rank(posterior: GridPosterior, V: Tensor, gamma: Tensor) -> GridPos
     return posterior.downdated(_whitened_downdate(R, RV, V, N), new_mean, RV)
 
 
+def _cat_columns(old: Tensor, new: Tensor) -> Tensor:
+    r"""``[old, new]`` along the last dimension, the other dimensions broadcast; ``new``
+    itself (no copy) when ``old`` has no columns and ``new`` has the broadcast shape."""
+    batch = torch.broadcast_shapes(old.shape[:-1], new.shape[:-1])
+    if old.shape[-1] == 0 and new.shape[:-1] == batch:
+        return new
+
+    def expand(x: Tensor) -> Tensor:  # (no operation where x has the batch already)
+        return x if x.shape[:-1] == batch else x.expand(*batch, x.shape[-1])
+
+    return torch.cat([expand(old), expand(new)], -1)
+
+
 @dataclass(frozen=True)
 class LowRankCorrection:
     r"""A rank-``Q`` correction of a parent grid posterior from conditioning.
@@ -480,32 +500,33 @@ class LowRankCorrection:
             y: ``sample x batch x q`` targets (batch dims broadcast).
             noise: ``batch x q`` noise variances (broadcastable).
         """
-        R = posterior.root
-        U = W_q.matmul(R).mT  # batch x m x q, columns R^T w_i
-        VtU = self.V.mT @ U  # batch x Q x q
-        U_tilde = U - self.V @ VtU  # (I - V V^T) U
-        S = U.mT @ U_tilde + torch.diag_embed(noise.expand(U.shape[:-2] + U.shape[-1:]))
+        # With U = R^T W_q^T (batch x m x q), everything is written with its transpose
+        # U_t = W_q R (rows u_i = R^T w_i), as the products give it: no transposed copies.
+        U_t = W_q.matmul(posterior.root)  # batch x q x m
+        prior_mean = W_q.dot(posterior.mean)
+        if self.rank == 0:  # the first conditioning: (I - V V^T) U = U, nothing to add
+            U_tilde_t = U_t
+        else:
+            UtV = U_t @ self.V  # batch x q x Q, (V^T U)^T
+            U_tilde_t = U_t - UtV @ self.V.mT  # ((I - V V^T) U)^T
+            prior_mean = prior_mean + torch.einsum("...qQ,...Q->...q", UtV, self.gamma)
+        S = U_t @ U_tilde_t.mT  # U^T (I - V V^T) U
+        diagonal = S.diagonal(dim1=-2, dim2=-1)
+        if torch.broadcast_shapes(noise.shape, diagonal.shape) == diagonal.shape:
+            diagonal.add_(noise)  # S + diag(noise), in place (S is this call's own)
+        else:  # noise with more batch dims than S
+            S = S + torch.diag_embed(
+                noise.expand(torch.broadcast_shapes(noise.shape, diagonal.shape))
+            )
         L_S = cholesky(S)
-        V_new = torch.linalg.solve_triangular(L_S, U_tilde.mT, upper=False).mT
-        prior_mean = W_q.dot(posterior.mean) + (VtU.mT @ self.gamma.unsqueeze(-1)).squeeze(-1)
+        V_new = torch.linalg.solve_triangular(L_S, U_tilde_t, upper=False).mT
         residual = y - prior_mean
         gamma_new = torch.linalg.solve_triangular(L_S, residual.unsqueeze(-1), upper=False).squeeze(
             -1
         )
-        batch = torch.broadcast_shapes(self.V.shape[:-2], V_new.shape[:-2])
-        V = torch.cat(
-            [self.V.expand(*batch, *self.V.shape[-2:]), V_new.expand(*batch, *V_new.shape[-2:])],
-            dim=-1,
+        return LowRankCorrection(
+            V=_cat_columns(self.V, V_new), gamma=_cat_columns(self.gamma, gamma_new)
         )
-        gamma_batch = torch.broadcast_shapes(self.gamma.shape[:-1], gamma_new.shape[:-1])
-        gamma = torch.cat(
-            [
-                self.gamma.expand(*gamma_batch, self.gamma.shape[-1]),
-                gamma_new.expand(*gamma_batch, gamma_new.shape[-1]),
-            ],
-            dim=-1,
-        )
-        return LowRankCorrection(V=V, gamma=gamma)
 
     def predict_factors(
         self, posterior: GridPosterior, W_star: InterpolationWeights
@@ -530,7 +551,7 @@ class LowRankCorrection:
             UV = U_star.tensor @ self.V
         else:  # many points: R V once, then a k-row gather per point
             UV = W_star.matmul(posterior.root @ self.V)  # batch x t x Q
-        mean = mean + (UV @ self.gamma.unsqueeze(-1)).squeeze(-1)
+        mean = mean + torch.einsum("...tQ,...Q->...t", UV, self.gamma)
         return mean, (U_star,), (UV,)
 
     def predict(

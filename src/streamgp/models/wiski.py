@@ -146,6 +146,7 @@ from streamgp import settings
 from streamgp.interpolation.grid import (
     EXTRAPOLATION_POLICIES,
     CubicGridInterpolation,
+    GridBox,
     InterpolationWeights,
     data_grid_bounds,
     grown_grid_bounds,
@@ -181,6 +182,7 @@ from streamgp.settings import (
     immediate_value_checks,
     skip_value_checks,
     value_check,
+    value_check_all,
 )
 from streamgp.settings import (
     exact_prior_variance as exact_prior_variance_setting,
@@ -998,8 +1000,8 @@ class WiskiGP(
 
     @staticmethod
     def _check_noise(noise: Tensor) -> None:
-        value_check(
-            ~(noise > 0),
+        value_check_all(
+            noise > 0,
             lambda: ValueError(
                 f"The likelihood's noise variance is {noise.item():.3g}, not positive. BoTorch's "
                 "default constraints have no transform (bounds are enforced by the optimizer), so "
@@ -1014,7 +1016,7 @@ class WiskiGP(
         r"""One public call (``posterior``, ``condition_on_observations``, ``observe``)
         whose value checks are read from the device once (:mod:`streamgp.settings`).
 
-        Besides the checks of the arguments, the read holds the noise check, the
+        Besides the checks of the arguments, the read holds the
         comparison of the hyperparameters with the caches' snapshot (stale caches are
         dropped there) and the failure flag of the last update's factorisations, which
         were not read when they ran: if it is set, every factor is rebuilt from the exact
@@ -1023,7 +1025,12 @@ class WiskiGP(
         own incremental factorisations record their failure for the next call instead.
         """
         with deferred_value_checks(join=False) as checks, self._verified_call(checks):
-            self._check_noise(self.likelihood.noise.reshape(()))
+            # The noise was checked when the caches were built (a rebuild checks it), and
+            # it is a function of the hyperparameters, which the read compares with the
+            # caches' snapshot: checked again only if that snapshot was taken unchecked
+            # (inside skip_value_checks, or restored from a checkpoint).
+            if not getattr(self._hyper_snapshot, "values_checked", False):
+                self._check_noise(self.likelihood.noise)
             pending = self._pending_failure
             if pending is not None and not skip_value_checks.on():
                 checks.decide(pending, self._after_update_check)
@@ -1159,6 +1166,7 @@ class WiskiGP(
         statistics = self._statistics
         if self._posterior_on_grid(statistics):
             statistics = statistics.to_grid()
+        self._check_noise(self.likelihood.noise)  # (the hot paths trust the snapshot's)
         with torch.no_grad():
             root = self.kernel_root()
             self._posterior = self._centered(statistics).posterior(
@@ -1166,6 +1174,7 @@ class WiskiGP(
             )
             self._prior_variance = self._new_prior_variance(root)
             self._snapshot_hyperparameters()
+            self._hyper_snapshot.values_checked = not skip_value_checks.on()
         # Replay conditioning (keeps gradients w.r.t. the conditioning inputs).
         self._correction = None
         for X_q, y_q, noise_q in self._conditioning_log:
@@ -1216,9 +1225,8 @@ class WiskiGP(
         posterior = self._posterior
         if isinstance(posterior, DataPosterior):
             return DataCorrection.empty(posterior.whitened)
-        # Rows of V index the root's columns (m, or k for a low-rank root).
-        width = self.interpolation.num_grid if posterior is None else posterior.root.shape[-1]
-        return LowRankCorrection.empty(width, posterior.mean)
+        # (V's rows index the root's columns: m, or k for a low-rank root)
+        return posterior.no_correction
 
     def _fold_conditioning(self) -> None:
         r"""Turn an unbatched conditioned model into a plain model (exact)."""
@@ -1480,7 +1488,7 @@ class WiskiGP(
             if self.observations is None:
                 self._check_observed_inputs(X_t)
             elif not skip_value_checks.on() and len(X):
-                flag = self.interpolation.outside(X_t.detach()).any()
+                flag = self.interpolation.any_outside(X_t)
                 checks.decide(flag, outside.append)
             noise = None if Yvar_t is None else self._shared_noise(Yvar_t, "Yvar")
             self._read_checks(checks)
@@ -1508,7 +1516,7 @@ class WiskiGP(
         weights = self.interpolation.weights(X_t)
         y = self._targets(Y_t)
         if self._can_defer(y.shape[-1]):
-            self._defer(X_t.detach(), weights, y)
+            self._defer(X_t.detach() if X_t.requires_grad else X_t, weights, y)
             return
         self._fold_conditioning()
         with torch.no_grad():
@@ -1633,6 +1641,8 @@ class WiskiGP(
                 like=self.interpolation.bounds,
                 dim=self.interpolation.dim,
                 num_outputs=self._num_outputs,
+                # A grid box's check_inside refuses NaN and Inf too (they leave the box).
+                finite_X=not isinstance(self.interpolation, GridBox),
             )
             X_t, Y_t, _ = self._transform_new_data(X, Y)
             self.interpolation.check_inside(X_t, "X")

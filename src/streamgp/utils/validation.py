@@ -15,7 +15,7 @@ from gpytorch.kernels import Kernel
 from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
 from torch import Tensor
 
-from streamgp.settings import value_check
+from streamgp.settings import value_check, value_check_all
 
 
 def check_tensor(
@@ -25,6 +25,7 @@ def check_tensor(
     like: Tensor | None = None,
     min_dim: int = 1,
     last_dim: int | None = None,
+    finite: bool = True,
 ) -> Tensor:
     r"""Check that ``value`` is a finite floating tensor compatible with ``like``.
 
@@ -34,6 +35,8 @@ def check_tensor(
         like: If given, ``value`` must have the same dtype and device.
         min_dim: Minimum number of dimensions.
         last_dim: If given, the required size of the last dimension.
+        finite: Whether to check that every value is finite here (False: the caller
+            makes a check of the values that also refuses NaN and Inf).
 
     Returns:
         ``value`` itself.
@@ -55,16 +58,17 @@ def check_tensor(
         raise ValueError(
             f"{name} must have last dimension {last_dim}, got shape {tuple(value.shape)}."
         )
-    value_check(
-        ~torch.isfinite(value).all(), lambda: ValueError(f"{name} contains NaN or Inf values.")
-    )
+    if finite:
+        value_check_all(
+            torch.isfinite(value).all(), lambda: ValueError(f"{name} contains NaN or Inf values.")
+        )
     return value
 
 
 def check_positive(value: Tensor, name: str) -> Tensor:
     r"""Check that every entry of ``value`` is strictly positive."""
-    value_check(
-        ~(value > 0).all(),
+    value_check_all(
+        (value > 0).all(),
         lambda: ValueError(
             f"{name} must be strictly positive (noise variances); got min {value.min().item():.3g}."
         ),
@@ -274,15 +278,23 @@ def check_observation_noise(observation_noise: object, like: Tensor) -> None:
 
 
 def check_conditioning_data(
-    X: object, Y: object, noise: object | None, *, like: Tensor, dim: int, num_outputs: int = 1
+    X: object,
+    Y: object,
+    noise: object | None,
+    *,
+    like: Tensor,
+    dim: int,
+    num_outputs: int = 1,
+    finite_X: bool = True,
 ) -> None:
     r"""Validate ``condition_on_observations(X, Y, noise)``.
 
     ``X`` is ``batch x q x dim``, ``Y`` ``sample x batch x q x num_outputs`` with the
     same ``q``, ``noise`` (optional) of ``batch x q x num_outputs`` (broadcasting to the
-    targets) and positive.
+    targets) and positive. ``finite_X=False`` leaves the check that ``X`` is finite to
+    the caller (a grid model's check that ``X`` lies in its box refuses NaN and Inf too).
     """
-    check_tensor(X, "X", like=like, min_dim=2, last_dim=dim)
+    check_tensor(X, "X", like=like, min_dim=2, last_dim=dim, finite=finite_X)
     check_tensor(Y, "Y", like=like, min_dim=2, last_dim=num_outputs)
     if Y.shape[-2] != X.shape[-2]:
         raise ValueError(f"Y has {Y.shape[-2]} points per batch but X has {X.shape[-2]}.")

@@ -31,6 +31,31 @@ from streamgp.settings import ValueChecks, skip_value_checks
 _VERIFIED: ContextVar[frozenset[int]] = ContextVar("streamgp_verified", default=frozenset())
 
 
+class ParameterSnapshot(list):
+    r"""Detached copies of some tensors (a list), with their values also kept flat
+    (:attr:`flat`), so that a comparison concatenates only the current tensors.
+
+    The snapshot a :class:`CachedPosteriorMixin` keys its caches on (a model attribute,
+    never saved in a checkpoint); :func:`parameter_snapshot` gives a plain list, which a
+    checkpoint may hold (``torch.load(weights_only=True)`` reads lists of tensors).
+    """
+
+    #: Set by a model that checked the values it derived from these tensors (e.g. a
+    #: positive noise variance) when it took the snapshot: while the tensors equal it,
+    #: those values need no check again.
+    values_checked = False
+
+    def __init__(self, tensors: Iterable[Tensor]) -> None:
+        super().__init__(tensors)
+        self.flat = _flat(self) if self else None
+
+
+def _flat(tensors: Sequence[Tensor]) -> Tensor:
+    # One 1-D tensor of all values (a reshape only where a tensor is not 1-D already).
+    parts = [t if t.dim() == 1 else t.reshape(-1) for t in tensors]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
 def parameter_snapshot(parameters: Iterable[Tensor]) -> list[Tensor]:
     r"""Detached copies of ``parameters``, for :func:`parameters_unchanged`."""
     return [p.detach().clone() for p in parameters]
@@ -55,8 +80,9 @@ def parameters_changed(current: Sequence[Tensor], snapshot: Sequence[Tensor]) ->
         return True
     if not current:
         return False
-    flat = torch.cat([a.detach().reshape(-1) for a in current])
-    return flat.ne(torch.cat([b.reshape(-1) for b in snapshot])).any()
+    saved = getattr(snapshot, "flat", None)
+    with torch.no_grad():  # a flag: no graph through the parameters
+        return _flat(current).ne(_flat(snapshot) if saved is None else saved).any()
 
 
 def apply_to_tensors(state: Any, fn: Callable[[Tensor], Tensor]) -> Any:
@@ -159,7 +185,7 @@ class CachedPosteriorMixin:
     #: them to ``None``.
     cached_attributes: ClassVar[tuple[str, ...]] = ()
 
-    _hyper_snapshot: list[Tensor] | None
+    _hyper_snapshot: ParameterSnapshot | None
     _correction: Any
     _conditioning_log: list[tuple[Tensor, Tensor, Tensor]]
 
@@ -228,7 +254,7 @@ class CachedPosteriorMixin:
 
     def _snapshot_hyperparameters(self) -> None:
         r"""Key the caches on the current values of :meth:`_hyperparameters`."""
-        self._hyper_snapshot = parameter_snapshot(self._hyperparameters())
+        self._hyper_snapshot = ParameterSnapshot(parameter_snapshot(self._hyperparameters()))
 
     @property
     def batch_shape(self) -> torch.Size:

@@ -91,8 +91,9 @@ class ObservationStore(torch.nn.Module):
                 grown = old.new_empty((capacity, old.shape[-1]))
                 grown[:n] = old[:n]
                 setattr(self, f"_{name}", grown)
-        for name, value in self._items(X, Y, Yvar):
-            getattr(self, f"_{name}")[n : n + q] = value.detach()
+        with torch.no_grad():  # (a copy of the values: no graph into the store)
+            for name, value in self._items(X, Y, Yvar):
+                getattr(self, f"_{name}")[n : n + q] = value
         self.num_observations = n + q
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):

@@ -26,6 +26,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
+import gpytorch
 import torch
 from botorch.models.transforms.outcome import OutcomeTransform, Standardize
 from botorch.posteriors.gpytorch import GPyTorchPosterior
@@ -44,6 +45,28 @@ from torch import Tensor
 from streamgp.linalg.posterior_covariance import PosteriorCovariance
 from streamgp.settings import ValueChecks, deferred_value_checks
 from streamgp.utils.validation import check_observation_noise
+
+
+class FactoredMultivariateNormal(MultivariateNormal):
+    r"""gpytorch's ``MultivariateNormal`` over a factored
+    :class:`~streamgp.linalg.posterior_covariance.PosteriorCovariance`.
+
+    Its variances are the covariance's diagonal floored at gpytorch's ``min_variance``,
+    as gpytorch's own are, but without first reading on the host whether any is below
+    it (gpytorch does, to warn; on a GPU that read synchronises every ``.variance``):
+    the same values, no warning.
+    """
+
+    @property
+    def variance(self) -> Tensor:
+        covar = self.lazy_covariance_matrix
+        if not isinstance(covar, PosteriorCovariance):
+            return super().variance
+        variance = covar.diagonal(dim1=-1, dim2=-2)
+        shape = self._batch_shape + self._event_shape
+        if variance.shape != shape:
+            variance = variance.expand(shape)
+        return variance.clamp_min(gpytorch.settings.min_variance.value(variance.dtype))
 
 
 class PosteriorMixin:
@@ -191,7 +214,7 @@ def assemble_posterior(
             shift, scale = _standardize_coefficients(outcome_tf)
             mean = shift.unsqueeze(-1) + scale.unsqueeze(-1) * mean
             covar = covar.scaled(scale.square())
-        mvn = MultivariateNormal(mean, covar)
+        mvn = FactoredMultivariateNormal(mean, covar)
         return _untransform(mvn, X_t, None, posterior_transform, _num_outputs(model))
     if noise is not None:
         covar = mvn.covariance_matrix + torch.diag_embed(noise)

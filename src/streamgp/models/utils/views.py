@@ -57,7 +57,8 @@ def conditioning_noise(noise: Tensor | None, model: Any, X: Tensor) -> Tensor:
     ``model.noise_variance`` (detached) at every row.
     """
     if noise is None:
-        return model.noise_variance.detach().expand(X.shape[:-1])
+        noise = model.noise_variance
+        return (noise.detach() if noise.requires_grad else noise).expand(X.shape[:-1])
     return noise.squeeze(-1)
 
 
