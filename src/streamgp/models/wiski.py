@@ -531,9 +531,9 @@ class WiskiGP(
             if keep_data and (interpolation is None or self.REGRIDS_INTERPOLATION)
             else None
         )
-        # The rows behind the statistics, also for views (which drop `observations`, the
-        # store they may not grow): a plain reference, not a second submodule.
-        object.__setattr__(self, "_row_store", self.observations)
+        # A view's (see _view) kept rows: (store, the statistics they are the rows of,
+        # output indices or None). A model with `observations` reads those.
+        self._row_source = None
         # Fit the transforms once on the initial data, then freeze them.
         transformed_X, train_Y, train_Yvar = fit_frozen_transforms(
             self, train_X, train_Y, input_transform, outcome_transform, train_Yvar
@@ -1307,13 +1307,26 @@ class WiskiGP(
     # ------------------------------------------- training rows, as SingleTaskGP shows them
     def _kept_rows(self) -> tuple[Tensor, Tensor, Tensor | None] | None:
         r"""Raw ``(X, Y, Yvar)`` of the rows behind the statistics (views of the kept
-        observations, no copy), or None when the model keeps no raw data."""
-        store = self._row_store
-        if store is None:
+        observations, no copy), or None when the model keeps no raw data.
+
+        A view (a conditioned model) reads its parent's store, which only grows, as long
+        as its statistics are those it was made with; once it folds rows of its own into
+        them (``observe`` on a view) it knows only the statistics, like a model built
+        with ``keep_data=False``.
+        """
+        outputs = None
+        if self.observations is not None:
+            store = self.observations
+        elif self._row_source is not None and self._row_source[1] is self._statistics:
+            store, _, outputs = self._row_source
+        else:
             return None
         n = self._statistics.count
-        Yvar = store.Yvar
-        return store.X[:n], store.Y[:n], None if Yvar is None else Yvar[:n]
+        X, Y, Yvar = store.X[:n], store.Y[:n], store.Yvar
+        Yvar = None if Yvar is None else Yvar[:n]
+        if outputs is not None:
+            Y, Yvar = Y[:, outputs], None if Yvar is None else Yvar[:, outputs]
+        return X, Y, Yvar
 
     def _transformed_rows(self) -> tuple[Tensor, Tensor, Tensor | None] | None:
         r""":meth:`_kept_rows` through the frozen transforms (``O(n)``, no gradient)."""
@@ -1418,7 +1431,8 @@ class WiskiGP(
         ``X_baseline``): the kept raw inputs, then the conditioning rows untransformed."""
         if not self._has_transformed_inputs:
             return None
-        X = self._rows_or_raise("_original_train_inputs")[0]
+        self._rows_or_raise("_original_train_inputs")
+        X = self._kept_rows()[0]
         if self._conditioning_log and self.observations is not None:
             X = self.observations.X  # observed rows held back (FOLD_RANK) are kept too
         elif self._conditioning_log:
@@ -1428,7 +1442,7 @@ class WiskiGP(
                 raise AttributeError(
                     "_original_train_inputs: the input transform cannot be inverted."
                 ) from error
-            X = concat_row_inputs([self._kept_rows()[0], *parts], self.batch_shape)
+            X = concat_row_inputs([X, *parts], self.batch_shape)
         return X
 
     def _transform_tensor_args(
@@ -1793,6 +1807,10 @@ class WiskiGP(
 
         new._num_outputs = len(idcs)
         new._statistics = self._statistics.select_outputs(pick)
+        if self._kept_rows() is not None:  # the kept rows of these outputs
+            store, _, outputs = new._row_source
+            outputs = idcs if outputs is None else [outputs[i] for i in idcs]
+            new._row_source = (store, new._statistics, outputs)
         if self._posterior is not None:
             new._posterior = self._posterior.select_outputs(pick)
         if self._correction is not None:
@@ -1823,6 +1841,8 @@ class WiskiGP(
         re-grid, and refuses observations outside its grid.
         """
         new = shallow_view(self)
+        if self.observations is not None:
+            new._row_source = (self.observations, self._statistics, None)
         new.observations = None
         if self.fixed_noise:  # its own likelihood: its rows' noise, never the parent's
             new.likelihood = bind_row_noise(new)
