@@ -621,9 +621,13 @@ def test_fixed_noise_views_have_their_own_likelihood():
     before = model.posterior(Xs, observation_noise=True)
     noise = model.likelihood.noise.clone()
     X1 = torch.rand(2, 1, dtype=DTYPE)
-    view = model.condition_on_observations(X1, target(X1), noise=torch.full((2, 1), 0.02, dtype=DTYPE))
+    view = model.condition_on_observations(
+        X1, target(X1), noise=torch.full((2, 1), 0.02, dtype=DTYPE)
+    )
     assert view.likelihood is not model.likelihood
-    assert torch.equal(view.likelihood.noise, torch.cat([noise, torch.full((2,), 0.02, dtype=DTYPE)]))
+    assert torch.equal(
+        view.likelihood.noise, torch.cat([noise, torch.full((2,), 0.02, dtype=DTYPE)])
+    )
     X2 = torch.rand(3, 1, dtype=DTYPE)
     view.observe(X2, target(X2), torch.full((3, 1), 0.5, dtype=DTYPE))
     assert torch.equal(model.likelihood.noise, noise)
