@@ -325,7 +325,10 @@ class WiskiGP(
         train_Yvar: Optional ``n x k`` observed noise variances. If given, the model
             uses fixed heteroskedastic noise and ``observe`` requires ``Yvar``;
             otherwise the noise level is learned. With ``k > 1`` each row must have one
-            noise variance for all outputs (after the outcome transform).
+            noise variance for all outputs (after the outcome transform). As in
+            ``SingleTaskGP``, ``likelihood.noise`` is then every row's (transformed) noise
+            variance, and a conditioned (fantasy) model's likelihood holds its own rows'
+            too (:meth:`training_noise`: read on access, never copied on an update).
         grid_size: Grid points per dimension (int or one per dimension), including
             the one-spacing padding beyond ``grid_bounds``. Default
             (:func:`default_grid_size`): about 1024 points in total on a CPU (32 per
@@ -376,8 +379,12 @@ class WiskiGP(
             extent, so ``O(log)`` re-grids in the distance), the grid keeps its
             ``grid_size`` (or its default for the new box), and the statistics are rebuilt
             from all kept data (``O(n 4^d + m^3)``, after which the model equals one built
-            on the new grid). Hyperparameters are kept. False: constant memory; an
-            observation outside the box is then refused with a ``ValueError``. Not with
+            on the new grid). Hyperparameters are kept. The kept data are also BoTorch's
+            :attr:`train_inputs` / :attr:`train_targets`. False: constant memory; an
+            observation outside the box is then refused with a ``ValueError``, the model
+            has no ``train_inputs``, and a fixed-noise ``likelihood.noise`` shows each
+            absorbed row's mean noise once the rows are folded into grid statistics
+            (:meth:`training_noise`). Not with
             ``interpolation`` (its points are not a grid).
         mean_module: The prior mean: None (default) for ``SingleTaskGP``'s learned
             ``ConstantMean`` (one constant per output), a gpytorch ``ConstantMean``
