@@ -539,7 +539,7 @@ class WiskiGP(
             else None
         )
         # A view's (see _view) kept rows: (store, the statistics they are the rows of,
-        # output indices or None). A model with `observations` reads those.
+        # output indices or None, their count). A model with `observations` reads those.
         self._row_source = None
         # Fit the transforms once on the initial data, then freeze them.
         transformed_X, train_Y, train_Yvar = fit_frozen_transforms(
@@ -1323,17 +1323,21 @@ class WiskiGP(
         """
         outputs = None
         if self.observations is not None:
-            store = self.observations
+            store, n = self.observations, self._stored_count()
         elif self._row_source is not None and self._row_source[1] is self._statistics:
-            store, _, outputs = self._row_source
+            store, _, outputs, n = self._row_source
         else:
             return None
-        n = self._statistics.count
         X, Y, Yvar = store.X[:n], store.Y[:n], store.Yvar
         Yvar = None if Yvar is None else Yvar[:n]
         if outputs is not None:
             Y, Yvar = Y[:, outputs], None if Yvar is None else Yvar[:, outputs]
         return X, Y, Yvar
+
+    def _stored_count(self) -> int:
+        r"""The kept rows in the statistics: all but the observed rows held back in the
+        conditioning log (``FOLD_RANK``), counted on the host (no device read)."""
+        return len(self.observations) - sum(entry[0].shape[-2] for entry in self._conditioning_log)
 
     def _transformed_rows(self) -> tuple[Tensor, Tensor, Tensor | None] | None:
         r""":meth:`_kept_rows` through the frozen transforms (``O(n)``, no gradient)."""
@@ -1815,9 +1819,9 @@ class WiskiGP(
         new._num_outputs = len(idcs)
         new._statistics = self._statistics.select_outputs(pick)
         if self._kept_rows() is not None:  # the kept rows of these outputs
-            store, _, outputs = new._row_source
+            store, _, outputs, n = new._row_source
             outputs = idcs if outputs is None else [outputs[i] for i in idcs]
-            new._row_source = (store, new._statistics, outputs)
+            new._row_source = (store, new._statistics, outputs, n)
         if self._posterior is not None:
             new._posterior = self._posterior.select_outputs(pick)
         if self._correction is not None:
@@ -1849,7 +1853,7 @@ class WiskiGP(
         """
         new = shallow_view(self)
         if self.observations is not None:
-            new._row_source = (self.observations, self._statistics, None)
+            new._row_source = (self.observations, self._statistics, None, self._stored_count())
         new.observations = None
         if self.fixed_noise:  # its own likelihood: its rows' noise, never the parent's
             new.likelihood = bind_row_noise(new)
