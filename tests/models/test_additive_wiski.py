@@ -11,6 +11,7 @@ import torch
 from botorch.fit import fit_gpytorch_mll
 from botorch.models import ModelListGP
 from botorch.models.transforms.input import Normalize
+from botorch.sampling import SobolQMCNormalSampler
 from gpytorch.mlls import ExactMarginalLogLikelihood, SumMarginalLogLikelihood
 
 from streamgp import AdditiveWiskiGP
@@ -247,3 +248,20 @@ def test_regrid_equals_a_model_built_on_all_data(fixed_noise):
 def test_check_groups_pairs():
     assert check_groups("singletons", 3) == [[0], [1], [2]]
     assert len(check_groups("pairs", 10)) == 45
+
+
+def test_fixed_noise_is_per_row_as_in_single_task_gp():
+    """WiskiGP's fixed-noise semantics carry over: likelihood.noise is train_Yvar, a fantasy
+    has its own likelihood (the parent's rows, then their mean), and train_inputs are kept."""
+    X, Y = _data(20)
+    Yvar = 0.01 + 0.02 * torch.rand(20, 1, dtype=DT)
+    model = _model(X, Y, Yvar)
+    assert torch.equal(model.likelihood.noise, Yvar.squeeze(-1))
+    assert torch.equal(model.train_inputs[0], X) and torch.equal(model.train_targets, Y[:, 0])
+    X_f = 0.2 + 0.6 * torch.rand(2, 4, dtype=DT)
+    fantasy = model.fantasize(X_f, SobolQMCNormalSampler(sample_shape=torch.Size([3])))
+    assert fantasy.likelihood is not model.likelihood
+    noise = fantasy.likelihood.noise
+    assert noise.shape == (3, 22) and torch.equal(model.likelihood.noise, Yvar.squeeze(-1))
+    assert torch.equal(noise[:, 20:], Yvar.mean().expand(3, 2))
+    assert torch.allclose(fantasy.train_inputs[0][:, 20:], X_f.expand(3, -1, -1))

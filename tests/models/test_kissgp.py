@@ -611,3 +611,35 @@ def test_float32_follows_the_data_and_agrees_with_float64():
         assert (post.mean.double() - ref.mean).abs().max() < 1e-3
         assert (post.variance.double() - ref.variance).abs().max() < 2e-2 * ref.variance.max()
     assert model32.to(DTYPE).posterior(Xs).mean.dtype == DTYPE
+
+
+def test_fixed_noise_views_have_their_own_likelihood():
+    """A conditioned KissGP holds its rows' noise in its own likelihood: observing on it
+    used to write the fixed-noise likelihood it shared with its parent."""
+    model = make_model(1, n=12, fixed_noise=True)
+    Xs = torch.linspace(0.1, 0.9, 5, dtype=DTYPE).unsqueeze(-1)
+    before = model.posterior(Xs, observation_noise=True)
+    noise = model.likelihood.noise.clone()
+    X1 = torch.rand(2, 1, dtype=DTYPE)
+    view = model.condition_on_observations(
+        X1, target(X1), noise=torch.full((2, 1), 0.02, dtype=DTYPE)
+    )
+    assert view.likelihood is not model.likelihood
+    assert torch.equal(
+        view.likelihood.noise, torch.cat([noise, torch.full((2,), 0.02, dtype=DTYPE)])
+    )
+    X2 = torch.rand(3, 1, dtype=DTYPE)
+    view.observe(X2, target(X2), torch.full((3, 1), 0.5, dtype=DTYPE))
+    assert torch.equal(model.likelihood.noise, noise)
+    after = model.posterior(Xs, observation_noise=True)
+    assert torch.allclose(after.mean, before.mean, rtol=1e-12, atol=1e-14)
+    assert torch.allclose(after.variance, before.variance, rtol=1e-12, atol=1e-14)
+    expected = torch.cat([noise, torch.full((2,), 0.02, dtype=DTYPE), torch.full((3,), 0.5)])
+    assert torch.equal(view.likelihood.noise, expected)
+    # A fantasy's: the parent's rows, then their mean (BoTorch's fantasy noise).
+    sampler = SobolQMCNormalSampler(sample_shape=torch.Size([3]))
+    fantasy = model.fantasize(torch.rand(4, 1, dtype=DTYPE), sampler)
+    fantasy_noise = fantasy.likelihood.noise
+    assert fantasy_noise.shape == (3, 16)
+    assert torch.equal(fantasy_noise[:, 12:], noise.mean().expand(3, 4))
+    assert torch.equal(model.likelihood.noise, noise)

@@ -156,6 +156,7 @@ from streamgp.models.utils import (
     transform_new_data,
 )
 from streamgp.models.utils.defaults import DEFAULT, _DefaultType, mean_module_or_default
+from streamgp.models.utils.fixed_noise import bind_row_noise, concat_rows
 from streamgp.models.utils.resolution import GridResolutionMixin
 from streamgp.models.wiski import build_grid
 from streamgp.settings import exact_prior_variance as exact_prior_variance_setting
@@ -318,6 +319,7 @@ class KissGP(
             "_hyper_snapshot",
             "_correction",
             "_conditioning_log",
+            "_rows_noise",
         ),
         objects=("likelihood.noise_covar",),
     )
@@ -365,6 +367,9 @@ class KissGP(
             likelihood = get_gaussian_likelihood_with_lognormal_prior()
         ExactGP.__init__(self, train_X, train_Y.squeeze(-1), likelihood.to(**tkwargs))
         self.fixed_noise = train_Yvar is not None
+        # A conditioned view's fixed noise of its train_inputs rows (its own likelihood
+        # reads them, then its conditioning rows'); None: the likelihood holds them.
+        self._rows_noise = None
         self.extrapolation = extrapolation
         self.exact_prior_variance = exact_prior_variance
         transformed_X, train_Y, train_Yvar = fit_frozen_transforms(
@@ -403,7 +408,9 @@ class KissGP(
     def _set_data(self, X: Tensor, y: Tensor, noise: Tensor | None) -> None:
         r"""Replace the (transformed) training data and drop every cache."""
         self.set_train_data(X, y, strict=False)
-        if noise is not None:
+        if noise is not None and self._rows_noise is not None:  # a view: its own rows
+            self._rows_noise = noise.reshape(-1)
+        elif noise is not None:
             self.likelihood.noise = noise.reshape(-1)
         self._invalidate()
 
@@ -532,7 +539,7 @@ class KissGP(
     def _stream_state(self) -> dict[str, Any]:
         # The (transformed) training data, exactly as held: replaying observe would
         # re-transform the targets, which need not round alike.
-        noise = self.likelihood.noise.detach().clone() if self.fixed_noise else None
+        noise = self._data_noise().detach().clone() if self.fixed_noise else None
         return {
             "train_X": self.train_inputs[0].detach().clone(),
             "train_y": self.train_targets.detach().clone(),
@@ -562,10 +569,21 @@ class KissGP(
         r"""Number of observations, including those of conditioning."""
         return len(self.train_targets) + sum(e[0].shape[-2] for e in self._conditioning_log)
 
+    def _data_noise(self) -> Tensor:
+        r"""The fixed noise variances of the ``train_inputs`` rows (``n``)."""
+        return self.likelihood.noise if self._rows_noise is None else self._rows_noise
+
+    def training_noise(self) -> Tensor:
+        r"""Every row's fixed noise variance, as ``SingleTaskGP``'s ``likelihood.noise``:
+        the training rows', then a conditioned (fantasy) model's conditioning rows'
+        (``batch x n``; what a conditioned model's own likelihood returns)."""
+        parts = [self._data_noise(), *(noise_q for _, _, noise_q in self._conditioning_log)]
+        return concat_rows(parts, self.batch_shape)
+
     @property
     def noise_variance(self) -> Tensor:
         r"""The homoskedastic noise variance, or the mean fixed noise variance."""
-        noise = self.likelihood.noise.mean() if self.fixed_noise else self.likelihood.noise
+        noise = self._data_noise().mean() if self.fixed_noise else self.likelihood.noise
         noise = noise.reshape(())
         if not noise > 0:
             raise ValueError(
@@ -613,7 +631,7 @@ class KissGP(
         """
         if self._statistics is None:
             X, y = self.train_inputs[0], self.train_targets
-            precision = self.likelihood.noise.detach().reciprocal() if self.fixed_noise else None
+            precision = self._data_noise().detach().reciprocal() if self.fixed_noise else None
             m = self.interpolation.num_grid
             A = torch.sparse_coo_tensor(
                 torch.zeros(2, 0, dtype=torch.long, device=y.device),
@@ -803,7 +821,8 @@ class KissGP(
         # grown_grid_bounds is check_inside's test (same tolerance): nothing to check again.
         if len(X) == 0:
             return self
-        parts = [(self.train_inputs[0], self.train_targets, self.likelihood.noise.detach())]
+        noise = self._data_noise().detach() if self.fixed_noise else None
+        parts = [(self.train_inputs[0], self.train_targets, noise)]
         parts += [
             (X_q.detach(), y_q.detach(), n_q.detach()) for X_q, y_q, n_q in self._conditioning_log
         ]
@@ -849,4 +868,7 @@ class KissGP(
         new = shallow_view(self)
         new._correction = correction
         new._conditioning_log = [*self._conditioning_log, (X_t, y, noise_q)]
+        if self.fixed_noise:  # its own likelihood: its rows' noise, never the parent's
+            new._rows_noise = self._data_noise()
+            new.likelihood = bind_row_noise(new)
         return new

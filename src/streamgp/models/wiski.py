@@ -136,7 +136,7 @@ from botorch.models.utils.gpytorch_modules import (
 from botorch.utils.types import DEFAULT, _DefaultType
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel, ScaleKernel
-from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
+from gpytorch.likelihoods import GaussianLikelihood
 from gpytorch.means import ConstantMean, ZeroMean
 from gpytorch.models import GP
 from gpytorch.settings import fast_pred_samples, fast_pred_var
@@ -174,6 +174,7 @@ from streamgp.models.utils import (
     transaction,
     transform_new_data,
 )
+from streamgp.models.utils.fixed_noise import bind_row_noise, concat_row_inputs, concat_rows
 from streamgp.models.utils.observations import ObservationStore
 from streamgp.models.utils.resolution import GridResolutionMixin
 from streamgp.settings import (
@@ -356,7 +357,10 @@ class WiskiGP(
         train_Yvar: Optional ``n x k`` observed noise variances. If given, the model
             uses fixed heteroskedastic noise and ``observe`` requires ``Yvar``;
             otherwise the noise level is learned. With ``k > 1`` each row must have one
-            noise variance for all outputs (after the outcome transform).
+            noise variance for all outputs (after the outcome transform). As in
+            ``SingleTaskGP``, ``likelihood.noise`` is then every row's (transformed) noise
+            variance, and a conditioned (fantasy) model's likelihood holds its own rows'
+            too (:meth:`training_noise`: read on access, never copied on an update).
         grid_size: Grid points per dimension (int or one per dimension), including
             the one-spacing padding beyond ``grid_bounds``. Default
             (:func:`default_grid_size`): about 1024 points in total on a CPU (32 per
@@ -413,8 +417,12 @@ class WiskiGP(
             extent, so ``O(log)`` re-grids in the distance), the grid keeps its
             ``grid_size`` (or its default for the new box), and the statistics are rebuilt
             from all kept data (``O(n 4^d + m^3)``, after which the model equals one built
-            on the new grid). Hyperparameters are kept. False: constant memory; an
-            observation outside the box is then refused with a ``ValueError``. Not with
+            on the new grid). Hyperparameters are kept. The kept data are also BoTorch's
+            :attr:`train_inputs` / :attr:`train_targets`. False: constant memory; an
+            observation outside the box is then refused with a ``ValueError``, the model
+            has no ``train_inputs``, and a fixed-noise ``likelihood.noise`` shows each
+            absorbed row's mean noise once the rows are folded into grid statistics
+            (:meth:`training_noise`). Not with
             ``interpolation`` (its points are not a grid).
         mean_module: The prior mean: None (default) for ``SingleTaskGP``'s learned
             ``ConstantMean`` (one constant per output), a gpytorch ``ConstantMean``
@@ -479,8 +487,9 @@ class WiskiGP(
     #: What ``observe`` (with its deferred folds and re-grids) may change, restored if it
     #: raises (:func:`~streamgp.models.utils.transaction.transaction`, any exception):
     #: the statistics, the grid, the caches and pending rows (all replaced, not written
-    #: into: kept by reference), the likelihood's noise (fixed noise: the mean noise is
-    #: replaced) and the kept observations' count.
+    #: into: kept by reference) and the kept observations' count. (A fixed-noise
+    #: likelihood stores nothing: its per-row noise is read from these, see
+    #: :meth:`training_noise`.)
     mutable_state = MutableState(
         attributes=(
             "_statistics",
@@ -567,6 +576,9 @@ class WiskiGP(
             if keep_data and (interpolation is None or self.REGRIDS_INTERPOLATION)
             else None
         )
+        # A view's (see _view) kept rows: (store, the statistics they are the rows of,
+        # output indices or None, their count). A model with `observations` reads those.
+        self._row_source = None
         # Fit the transforms once on the initial data, then freeze them.
         transformed_X, train_Y, train_Yvar = fit_frozen_transforms(
             self, train_X, train_Y, input_transform, outcome_transform, train_Yvar
@@ -578,10 +590,9 @@ class WiskiGP(
         self.mean_module = mean_module.to(**tkwargs)
         self.fixed_noise = train_Yvar is not None
         if self.fixed_noise:
-            # Only the mean training noise is kept (BoTorch's fantasize reads it).
-            self.likelihood = FixedNoiseGaussianLikelihood(
-                noise=train_Yvar.mean().reshape(1) if len(train_Yvar) else torch.ones(1, **tkwargs)
-            ).to(**tkwargs)
+            # As SingleTaskGP's: likelihood.noise is the rows' (transformed) train_Yvar,
+            # read from the model's data when asked (nothing is copied on an update).
+            self.likelihood = bind_row_noise(self)
         else:
             self.likelihood = (
                 get_gaussian_likelihood_with_lognormal_prior() if likelihood is None else likelihood
@@ -797,11 +808,6 @@ class WiskiGP(
 
     def _set_statistics(self, statistics: DataStatistics | GridStatistics) -> None:
         self._statistics = statistics
-        if self.fixed_noise:  # the mean fixed noise (kept as it is while there is no data)
-            n = statistics.n
-            mean = statistics.sum_noise / n.clamp_min(1.0)
-            current = self.likelihood.noise.reshape(())
-            self.likelihood.noise = torch.where(n > 0, mean, current).reshape(1).detach()
 
     def _statistics_tensors(self) -> dict[str, Tensor]:
         r"""The statistics as named tensors (``state_dict`` entries under ``statistics.``)."""
@@ -993,10 +999,20 @@ class WiskiGP(
     @property
     def noise_variance(self) -> Tensor:
         r"""The homoskedastic noise variance, or the mean fixed noise variance."""
-        noise = self.likelihood.noise.reshape(())
+        noise = self._noise_level()
         if not self._in_verified_call():  # a checked call read it already
             self._check_noise(noise)
         return noise
+
+    def _noise_level(self) -> Tensor:
+        r"""The learned noise variance; with fixed noise the mean of the observed rows'
+        (1 before any), from the statistics' noise sum: ``O(1)``, never the rows."""
+        if not self.fixed_noise:
+            return self.likelihood.noise.reshape(())
+        statistics = self._statistics
+        n = statistics.n
+        mean = statistics.sum_noise / n.clamp_min(1.0)
+        return torch.where(n > 0, mean, torch.ones_like(mean)).detach()
 
     @staticmethod
     def _check_noise(noise: Tensor) -> None:
@@ -1030,7 +1046,7 @@ class WiskiGP(
             # caches' snapshot: checked again only if that snapshot was taken unchecked
             # (inside skip_value_checks, or restored from a checkpoint).
             if not getattr(self._hyper_snapshot, "values_checked", False):
-                self._check_noise(self.likelihood.noise)
+                self._check_noise(self._noise_level())
             pending = self._pending_failure
             if pending is not None and not skip_value_checks.on():
                 checks.decide(pending, self._after_update_check)
@@ -1166,7 +1182,7 @@ class WiskiGP(
         statistics = self._statistics
         if self._posterior_on_grid(statistics):
             statistics = statistics.to_grid()
-        self._check_noise(self.likelihood.noise)  # (the hot paths trust the snapshot's)
+        self._check_noise(self._noise_level())  # (the hot paths trust the snapshot's)
         with torch.no_grad():
             root = self.kernel_root()
             self._posterior = self._centered(statistics).posterior(
@@ -1366,6 +1382,185 @@ class WiskiGP(
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         r"""Pass new data through the frozen input and outcome transforms."""
         return transform_new_data(self, X, Y, Yvar)
+
+    # ------------------------------------------- training rows, as SingleTaskGP shows them
+    def _kept_rows(self) -> tuple[Tensor, Tensor, Tensor | None] | None:
+        r"""Raw ``(X, Y, Yvar)`` of the rows behind the statistics (views of the kept
+        observations, no copy), or None when the model keeps no raw data.
+
+        A view (a conditioned model) reads its parent's store, which only grows, as long
+        as its statistics are those it was made with; once it folds rows of its own into
+        them (``observe`` on a view) it knows only the statistics, like a model built
+        with ``keep_data=False``.
+        """
+        outputs = None
+        if self.observations is not None:
+            store, n = self.observations, self._stored_count()
+        elif self._row_source is not None and self._row_source[1] is self._statistics:
+            store, _, outputs, n = self._row_source
+        else:
+            return None
+        X, Y, Yvar = store.X[:n], store.Y[:n], store.Yvar
+        Yvar = None if Yvar is None else Yvar[:n]
+        if outputs is not None:
+            Y, Yvar = Y[:, outputs], None if Yvar is None else Yvar[:, outputs]
+        return X, Y, Yvar
+
+    def _stored_count(self) -> int:
+        r"""The kept rows in the statistics: all but the observed rows held back in the
+        conditioning log (``FOLD_RANK``), counted on the host (no device read)."""
+        return len(self.observations) - sum(entry[0].shape[-2] for entry in self._conditioning_log)
+
+    def _transformed_rows(self) -> tuple[Tensor, Tensor, Tensor | None] | None:
+        r""":meth:`_kept_rows` through the frozen transforms (``O(n)``, no gradient)."""
+        rows = self._kept_rows()
+        if rows is None or len(rows[0]) == 0:
+            return rows
+        with torch.no_grad():
+            return self._transform_new_data(*rows)
+
+    def _log_parts(self, index: int) -> list[Tensor]:
+        r"""Entry ``index`` (0: inputs, 1: targets, 2: noise) of every conditioning row
+        block, the noise as ``batch x q`` whatever the number of outputs."""
+        parts = [entry[index] for entry in self._conditioning_log]
+        if index == 2 and self._num_outputs > 1:  # batched rows: batch x 1 x q
+            parts = [p.squeeze(-2) if p.dim() > 1 else p for p in parts]
+        return parts
+
+    def training_noise(self) -> Tensor:
+        r"""Every training row's fixed noise variance, as ``SingleTaskGP``'s ``likelihood.noise``.
+
+        What ``likelihood.noise`` returns for a model built with ``train_Yvar`` (read on
+        access: updates never copy it). In the outcome-transformed space, in the order
+        the rows arrived, followed by the rows a conditioned (fantasy) model was
+        conditioned on: ``batch x n`` (``batch x k x n`` for ``k`` outputs, which share
+        each row's noise). Costs ``O(n)`` per call. Where the rows come from:
+
+        - with kept data (``keep_data=True``, the default): the kept ``Yvar`` through
+          the frozen outcome transform;
+        - otherwise, while the model is in data space: the rows' noise it holds;
+        - otherwise (grid statistics only, ``keep_data=False``): the rows are folded
+          into sums and their individual noise is gone; each absorbed row then shows
+          their mean noise (so the mean, which BoTorch's ``fantasize`` uses for
+          fantasy rows, is exact).
+
+        Example:
+            >>> X = torch.rand(5, 1, dtype=torch.float64)
+            >>> Yvar = torch.rand(5, 1, dtype=torch.float64) + 0.1
+            >>> model = WiskiGP(X, X, Yvar, outcome_transform=None, grid_size=16)
+            >>> bool(torch.equal(model.likelihood.noise, Yvar.squeeze(-1)))
+            True
+        """
+        if not self.fixed_noise:
+            raise AttributeError("training_noise: this model learns its noise (no train_Yvar).")
+        rows = self._transformed_rows()
+        statistics = self._statistics
+        if rows is not None:
+            noise = rows[2][..., 0]
+        elif isinstance(statistics, DataStatistics):
+            noise = statistics.noise
+        else:
+            noise = self._noise_level().expand(statistics.count)
+        noise = concat_rows([noise, *self._log_parts(2)], self.batch_shape)
+        if self._num_outputs > 1:
+            noise = noise.unsqueeze(-2).expand(*noise.shape[:-1], self._num_outputs, -1)
+        return noise
+
+    def _rows_or_raise(self, name: str) -> tuple[Tensor, Tensor, Tensor | None]:
+        rows = self._transformed_rows()
+        if rows is None:
+            # An AttributeError: BoTorch's helpers probe hasattr(model, "train_inputs").
+            raise AttributeError(
+                f"{name}: this model keeps no raw observations (keep_data=False, or an "
+                "interpolation that is not a grid), only their statistics."
+            )
+        return rows
+
+    @property
+    def train_inputs(self) -> tuple[Tensor]:
+        r"""``(X,)``: the training inputs in the transformed space, as ``SingleTaskGP``'s.
+
+        ``batch x n x d``: the kept observations through the frozen input transform,
+        followed by the rows a conditioned (fantasy) model was conditioned on. Assembled
+        on access from the kept raw data (``O(n d)``); a model built with
+        ``keep_data=False`` keeps no inputs and has no ``train_inputs`` (an
+        ``AttributeError``, which BoTorch's helpers treat as "not available"). The
+        outputs of a multi-output model share their inputs: no output dimension.
+        """
+        X_t = self._rows_or_raise("train_inputs")[0]
+        parts = [X_t, *(X_q.detach() for X_q in self._log_parts(0))]
+        return (concat_row_inputs(parts, self.batch_shape),)
+
+    @property
+    def train_targets(self) -> Tensor:
+        r"""The training targets in the transformed space, as ``SingleTaskGP``'s.
+
+        ``batch x n`` (``batch x k x n`` for ``k`` outputs), in the order of
+        :attr:`train_inputs`; not available with ``keep_data=False`` (see there).
+        """
+        Y_t = self._rows_or_raise("train_targets")[1]
+        k = self._num_outputs
+        shape = self.batch_shape if k == 1 else torch.Size([*self.batch_shape, k])
+        return concat_rows([self._targets(Y_t), *self._log_parts(1)], shape)
+
+    @property
+    def _has_transformed_inputs(self) -> bool:
+        # BoTorch's flag: train_inputs are in the transformed space (always, here).
+        return getattr(self, "input_transform", None) is not None
+
+    @property
+    def _original_train_inputs(self) -> Tensor | None:
+        r"""The training inputs before the input transform (BoTorch reads them, e.g. as
+        ``X_baseline``): the kept raw inputs, then the conditioning rows untransformed."""
+        if not self._has_transformed_inputs:
+            return None
+        self._rows_or_raise("_original_train_inputs")
+        X = self._kept_rows()[0]
+        if self._conditioning_log and self.observations is not None:
+            X = self.observations.X  # observed rows held back (FOLD_RANK) are kept too
+        elif self._conditioning_log:
+            try:
+                parts = [self.input_transform.untransform(p.detach()) for p in self._log_parts(0)]
+            except NotImplementedError as error:
+                raise AttributeError(
+                    "_original_train_inputs: the input transform cannot be inverted."
+                ) from error
+            X = concat_row_inputs([X, *parts], self.batch_shape)
+        return X
+
+    def _transform_tensor_args(
+        self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        r"""BoTorch's layout of training data: the outputs moved before the rows.
+
+        As ``BatchedMultiOutputGPyTorchModel._transform_tensor_args``, except that the
+        inputs get no output dimension (the outputs of a multi-output ``WiskiGP`` share
+        them, see :attr:`train_inputs`).
+
+        Args:
+            X: ``batch x n x d`` inputs.
+            Y: ``batch x n x k`` targets.
+            Yvar: Optional ``batch x n x k`` noise variances.
+
+        Returns:
+            ``X`` unchanged, and ``Y`` and ``Yvar`` as ``batch x n`` (one output) or
+            ``batch x k x n``.
+        """
+        k = self._num_outputs
+        check_tensor(X, "X", min_dim=2, last_dim=self.interpolation.dim)
+        check_tensor(Y, "Y", like=X, min_dim=2, last_dim=k)
+        if Y.shape[:-1] != X.shape[:-1]:
+            raise ValueError(
+                f"Y has shape {tuple(Y.shape)}; expected {tuple(X.shape[:-1])} x {k} for X of "
+                f"shape {tuple(X.shape)}."
+            )
+        if Yvar is not None:
+            check_tensor(Yvar, "Yvar", like=X, min_dim=2)
+            if Yvar.shape != Y.shape:
+                raise ValueError(
+                    f"Yvar has shape {tuple(Yvar.shape)}; expected Y's {tuple(Y.shape)}."
+                )
+        return X, self._targets(Y), None if Yvar is None else self._targets(Yvar)
 
     def _check_inputs(self, X: Tensor, name: str, min_dim: int = 2) -> None:
         check_tensor(
@@ -1697,6 +1892,10 @@ class WiskiGP(
 
         new._num_outputs = len(idcs)
         new._statistics = self._statistics.select_outputs(pick)
+        if self._kept_rows() is not None:  # the kept rows of these outputs
+            store, _, outputs, n = new._row_source
+            outputs = idcs if outputs is None else [outputs[i] for i in idcs]
+            new._row_source = (store, new._statistics, outputs, n)
         if self._posterior is not None:
             new._posterior = self._posterior.select_outputs(pick)
         if self._correction is not None:
@@ -1727,5 +1926,9 @@ class WiskiGP(
         re-grid, and refuses observations outside its grid.
         """
         new = shallow_view(self)
+        if self.observations is not None:
+            new._row_source = (self.observations, self._statistics, None, self._stored_count())
         new.observations = None
+        if self.fixed_noise:  # its own likelihood: its rows' noise, never the parent's
+            new.likelihood = bind_row_noise(new)
         return new
