@@ -21,9 +21,10 @@ What changes inside it:
 
 Outside it the checks still run, but a :class:`~streamgp.WiskiGP`'s hot paths read them
 from the device *together*, once per call (:func:`deferred_value_checks`): the input
-checks, the hyperparameter comparison and the noise check of ``posterior``,
-``condition_on_observations`` and ``observe`` are gathered into one boolean vector and
-copied to the host in one read, before anything is computed from them. A Cholesky
+checks and the hyperparameter comparison of ``posterior``, ``condition_on_observations``
+and ``observe`` are gathered into one boolean vector and copied to the host in one read,
+before anything is computed from them (the noise variance is checked when the caches are
+built, and trusted while the hyperparameters equal the caches' snapshot). A Cholesky
 factorisation after that read is not checked there: its failure flag stays on the device
 and is read with the model's next call, which then rebuilds the factors from the exact
 statistics with checked factorisations (or raises), so no result computed from a failed
