@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from state_helpers import assert_same_model, copy_model, fingerprint
 
@@ -563,3 +563,86 @@ def test_a_failed_restore_leaves_the_model_bit_for_bit():
     with pytest.raises((ValueError, RuntimeError)):
         receiver.restore(checkpoint)
     assert_same_model(receiver, before, X_TEST)
+
+
+# ------------------------------------------------------------------- known noise
+#: The models that take known noise (``train_Yvar``), built with it.
+FIXED_NOISE = ("WiskiGP", "WiskiGP-grid", "KissGP", "AdditiveWiskiGP")
+
+
+def _noise(q: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(2000 + seed)
+    return 0.005 + 0.02 * torch.rand(q, 1, dtype=torch.float64, generator=generator)
+
+
+@functools.cache
+def _fixed_base(name: str) -> Any:
+    X, Y = _data(12, seed=0)
+    model = BUILDERS[name](X, Y, _noise(12, 0))
+    model.posterior(X_TEST)
+    return model
+
+
+def _fixed_oracle(name: str, X_new, Y_new, Yvar_new) -> Any:
+    X0, Y0 = _data(12, seed=0)
+    oracle = BUILDERS[name](
+        torch.cat([X0, X_new]), torch.cat([Y0, Y_new]), torch.cat([_noise(12, 0), Yvar_new])
+    )
+    oracle.load_state_dict(_fixed_base(name).state_dict())
+    return oracle
+
+
+@pytest.mark.parametrize("name", FIXED_NOISE)
+@FUZZ
+@example(argument="Yvar", kind="valid", q=3, seed=1)  # always one update to check
+@example(argument="Yvar", kind="negative", q=2, seed=2)
+@given(
+    argument=st.sampled_from(["X", "Y", "Yvar"]),
+    kind=st.sampled_from((*KINDS, "negative", "zero")),
+    q=st.integers(0, 4),
+    seed=st.integers(0, 2**16),
+)
+def test_known_noise_observe_is_right_or_refuses_and_changes_nothing(name, argument, kind, q, seed):
+    base = _fixed_base(name)
+    model = copy_model(base)
+    X, Y = _batch(seed, q)
+    Yvar = _noise(q, seed)
+    args = {"X": X, "Y": Y, "Yvar": Yvar}
+    if kind in ("negative", "zero"):
+        if argument != "Yvar" or q == 0:
+            kind = "valid"
+        else:
+            args["Yvar"] = -Yvar if kind == "negative" else torch.zeros_like(Yvar)
+    else:
+        args[argument] = _corrupt(args[argument], kind)
+    try:
+        model.observe(args["X"], args["Y"], args["Yvar"])
+    except BaseException as error:  # noqa: BLE001 - the property is about every error
+        _expect_clear_error(error, argument)
+        assert_same_model(model, base, X_TEST)
+        return
+    assert kind == "valid" or (q == 0 and kind in ("nan", "inf")), (
+        f"observe accepted {kind} {argument}"
+    )
+    _assert_posterior_equal(model, _fixed_oracle(name, X, Y, Yvar))
+    assert torch.equal(model.likelihood.noise, _fixed_oracle(name, X, Y, Yvar).likelihood.noise)
+
+
+@pytest.mark.parametrize(("name", "q"), [(name, 3) for name in FIXED_NOISE] + [("WiskiGP", 40)])
+def test_a_fault_in_a_known_noise_observe_changes_nothing(name, q):
+    start = copy_model(_fixed_base(name))
+    for seed in range(2):
+        start.observe(*_batch(seed, 4), _noise(4, seed))
+    with torch.no_grad():
+        start.posterior(X_TEST)
+    batch = (*_batch(7, q), _noise(q, 7))
+    with _Faults(0, RuntimeError) as count:
+        expected = copy_model(start).observe(*batch)
+    for k in range(1, count.calls + 1):
+        for error in (RuntimeError, KeyboardInterrupt):
+            model = copy_model(start)
+            with _Faults(k, error), pytest.raises(error, match="injected"):
+                model.observe(*batch)
+            assert_same_model(model, start, X_TEST)
+            model.observe(*batch)  # the retry
+            assert_same_model(model, expected, X_TEST)
