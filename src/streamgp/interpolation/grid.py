@@ -79,6 +79,23 @@ class InterpolationWeights:
         )
 
     @property
+    def num_axes(self) -> int:
+        r"""The number of per-axis weights (0 without them), without forming them."""
+        if self.given_axes or self.axis_rows is None:
+            return len(self.given_axes)
+        return len(self.axis_rows[2])
+
+    def stacked_axes(self) -> tuple[Tensor, Tensor]:
+        r"""The per-axis indices and weights stacked axis first: ``d x batch_shape x N x 4``
+        each (a view of :attr:`axis_rows` when the interpolation made them)."""
+        if self.given_axes or self.axis_rows is None:
+            axes = self.axes
+            return torch.stack([a.indices for a in axes]), torch.stack([a.values for a in axes])
+        base, values, _ = self.axis_rows
+        indices = base + torch.arange(-1, 3, device=base.device)
+        return indices.movedim(-2, 0), values.movedim(-2, 0)
+
+    @property
     def is_factored(self) -> bool:
         r"""True while only the per-axis weights exist (the flat rows not yet formed)."""
         return self._indices is None
@@ -100,13 +117,11 @@ class InterpolationWeights:
     @property
     def num_weights(self) -> int:
         r"""``k``, the non-zeros per row (without forming factored rows)."""
-        if self._indices is None:
-            return (
-                4 ** len(self.axis_rows[2])
-                if self.axis_rows is not None
-                else (math.prod(axis.num_weights for axis in self.given_axes))
-            )
-        return self._indices.shape[-1]
+        if self._indices is not None:
+            return self._indices.shape[-1]
+        if self.given_axes:
+            return math.prod(axis.num_weights for axis in self.given_axes)
+        return 4**self.num_axes  # cubic: four per axis
 
     def _flatten(self) -> None:
         # Row-wise Kronecker product of the axes, first axis slowest: the flat index is

@@ -238,24 +238,12 @@ class GridKernelRoot:
         in one batched product, instead of an ``N x m`` matrix. Otherwise it is the sparse
         product ``W L`` itself.
         """
-        axis_rows = getattr(weights, "axis_rows", None)
-        if (
-            len(self.factors) > 1
-            and axis_rows is not None
-            and not weights.given_axes
-            and len(axis_rows[2]) == len(self.factors)
-        ):  # the per-axis rows as the interpolation stacked them: no op per axis
-            padded, offsets = self._padded_factors
-            base, val, _ = axis_rows  # batch x N x f x 1 and batch x N x f x 4
-            idx = (base + self._neighbours).movedim(-2, 0)  # f x batch x N x 4
-            val = val.movedim(-2, 0).to(padded.dtype)
-        elif len(self.factors) > 1 and len(weights.axes) == len(self.factors):
-            padded, offsets = self._padded_factors
-            idx = torch.stack([axis.indices for axis in weights.axes])  # f x batch x N x 4
-            val = torch.stack([axis.values for axis in weights.axes]).to(padded.dtype)
-        else:
+        if len(self.factors) == 1 or getattr(weights, "num_axes", 0) != len(self.factors):
             dense = weights.matmul(self.to_dense())
             return KernelFeatures(dense.unsqueeze(0), (dense.shape[-1],))
+        padded, offsets = self._padded_factors
+        idx, val = weights.stacked_axes()  # f x batch x N x 4 each
+        val = val if val.dtype == padded.dtype else val.to(padded.dtype)
         offsets = offsets.reshape(-1, *([1] * (idx.dim() - 1)))
         rows = padded[idx + offsets]  # f x batch x N x 4 x w: the 4 rows of each L_j
         stack = (val.unsqueeze(-2) @ rows).squeeze(-2)
@@ -273,11 +261,6 @@ class GridKernelRoot:
         for f in self.factors[:-1]:
             starts.append(starts[-1] + f.shape[-2])
         return table, torch.tensor(starts, device=table.device)
-
-    @functools.cached_property
-    def _neighbours(self) -> Tensor:
-        # The four cubic neighbours' offsets from an axis's second neighbour.
-        return torch.arange(-1, 3, device=self.factors[0].device)
 
 
 @dataclass(frozen=True)
@@ -298,13 +281,6 @@ class KernelFeatures:
 
     stack: Tensor
     widths: tuple[int, ...]
-
-    @staticmethod
-    def of(factors: tuple[Tensor, ...]) -> KernelFeatures:
-        r"""Features from per-factor ``batch x N x g_j`` tensors."""
-        width = max(f.shape[-1] for f in factors)
-        padded = [torch.nn.functional.pad(f, (0, width - f.shape[-1])) for f in factors]
-        return KernelFeatures(torch.stack(padded), tuple(f.shape[-1] for f in factors))
 
     @property
     def factors(self) -> tuple[Tensor, ...]:

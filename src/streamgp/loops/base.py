@@ -190,8 +190,6 @@ class Loop(ABC):
 
     def save(self, path: str | Path) -> None:
         r"""Write a checkpoint (atomically: a crash never leaves a truncated file)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         # Tensors and plain types only: ``load`` reads it with ``weights_only=True``, so a
         # checkpoint file can never run code when a run is resumed.
         payload = {
