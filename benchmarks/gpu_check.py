@@ -3,7 +3,8 @@ r"""One command for a GPU: the CUDA tests, then WISKI's speed on the device, in 
 Sections, in order (each writes its results as soon as it ends, so a run stopped at a
 time limit keeps what it finished; one that fails records its error and the next runs):
 
-1. ``tests``: ``tests/test_cuda.py`` and ``tests/test_device_sync.py`` (CPU and CUDA cases);
+1. ``tests``: ``tests/test_cuda.py``, ``tests/test_device_sync.py`` and
+   ``tests/utils/test_cuda_graphs.py`` (CPU and CUDA cases);
 2. ``update_scaling``: WISKI (3-D, RBF, fixed hyperparameters) on grids of 10^3, 16^3
    and 32^3 points at n = 10^3 ... 10^6, float32 and float64: the build, and per step of
    ``hot_path_ops.STEPS`` (posterior; condition + predict; observe + predict) the median
@@ -11,12 +12,15 @@ time limit keeps what it finished; one that fails records its error and the next
    per call, averaged over 12 calls (torch.profiler); the exact GP (``SingleTaskGP``) beside it;
    ``hot_paths``: the same counts on a 16^3 grid at n = 10^5 with and without
    ``skip_value_checks`` (``hot_path_ops.measure``);
+   ``cuda_graphs``: the posterior (16 points) and the posterior's value + gradient at an
+   acquisition batch (10 x 3 points) on a 16^3 grid at n = 10^5, eager and under
+   :class:`streamgp.settings.cuda_graphs`, with launches and syncs per call;
 3. ``mll``: the marginal likelihood's value + gradient (``WoodburyMarginalLogLikelihood``,
    ``ScaleKernel(RBF)``): 16^3 at n = 10^4 and 10^5, 32^3 (structured) at 10^4, and the
    exact GP at 10^4;
 4. ``acquisition``: ``optimize_acqf`` (qUCB, q = 3, 10 restarts, 512 raw samples): time
-   per posterior call, WISKI at n = 3000 against BoTorch's floor (``SingleTaskGP`` at
-   n = 10);
+   per posterior call, WISKI at n = 3000 (eager and under ``cuda_graphs``) against
+   BoTorch's floor (``SingleTaskGP`` at n = 10);
 5. ``malaria``: active learning on the malaria atlas (qNIPV, q = 6), WISKI and the exact
    GP, time per step;
 6. ``bo_from_3000``: Levy-3 qUCB from 3000 random points, WISKI and the exact GP;
@@ -69,6 +73,7 @@ from hot_path_ops import (
 )
 
 from streamgp import WiskiGP, WoodburyMarginalLogLikelihood
+from streamgp.settings import cuda_graphs
 from streamgp.utils.machine import machine_info, median_seconds, synchronize
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,6 +102,7 @@ def run_tests(args, tkwargs) -> dict:
             "no:cacheprovider",
             "tests/test_cuda.py",
             "tests/test_device_sync.py",
+            "tests/utils/test_cuda_graphs.py",
             "-rf",
             "--tb=short",
             f"--junitxml={junit}",
@@ -209,6 +215,47 @@ def hot_paths(args, tkwargs, report) -> list[dict]:
     return rows
 
 
+def _graphs_rows(args, tkwargs: dict) -> list[dict]:
+    r"""Eager and graphed posterior timings of one 16^3 model in ``tkwargs``' dtype."""
+    device = torch.device(tkwargs["device"])
+    model = build(1_000 if args.quick else 100_000, 16, tkwargs)
+    generator = torch.Generator().manual_seed(5)
+    X = torch.rand(16, D, generator=generator, dtype=tkwargs["dtype"]).to(device)
+    X_batch = torch.rand(10, 3, D, generator=generator, dtype=tkwargs["dtype"]).to(device)
+
+    def posterior():
+        with torch.no_grad():
+            posterior = model.posterior(X)
+            return posterior.mean, posterior.variance
+
+    def value_and_grad():
+        X_grad = X_batch.clone().requires_grad_(True)
+        posterior = model.posterior(X_grad)
+        return torch.autograd.grad(posterior.mean.sum() + posterior.variance.sum(), X_grad)
+
+    rows = []
+    for on in (False, True):
+        row = {"dtype": str(tkwargs["dtype"]).removeprefix("torch."), "cuda_graphs": on}
+        with cuda_graphs(on):
+            for name, fn in (("posterior", posterior), ("posterior + grad", value_and_grad)):
+                row[f"{name} ms"] = median_ms(fn, args.repeats)
+                counts = op_counts(lambda fn=fn: [fn() for _ in range(COUNTED_CALLS)], device)
+                row.update(
+                    {f"{name} {key}": value / COUNTED_CALLS for key, value in counts.items()}
+                )
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
+def graphs(args, tkwargs, report) -> list[dict]:
+    rows = []
+    for dtype in ("float32", "float64"):
+        rows += _graphs_rows(args, {**tkwargs, "dtype": getattr(torch, dtype)})
+        report(rows)
+    return rows
+
+
 # -- 3. marginal likelihood ------------------------------------------------------------
 
 
@@ -263,7 +310,12 @@ def mll(args, tkwargs, report) -> list[dict]:
 def acquisition(args, tkwargs, report) -> list[dict]:
     rows = []
     bounds = torch.stack([torch.zeros(D), torch.ones(D)]).to(**tkwargs)
-    for name, n in [("exact", 10), ("wiski", 300 if args.quick else 3_000)]:
+    n_wiski = 300 if args.quick else 3_000
+    for name, n, graphed in [
+        ("exact", 10, False),
+        ("wiski", n_wiski, False),
+        ("wiski", n_wiski, True),
+    ]:
         model = _exact(n, tkwargs) if name == "exact" else build(n, 10, tkwargs)
         calls = []
         posterior = model.posterior
@@ -278,12 +330,13 @@ def acquisition(args, tkwargs, report) -> list[dict]:
         restarts, raw = (2, 64) if args.quick else (10, 512)
         synchronize()
         start = time.perf_counter()
-        optimize_acqf(acqf, bounds, q=3, num_restarts=restarts, raw_samples=raw)
+        with cuda_graphs(graphed):
+            optimize_acqf(acqf, bounds, q=3, num_restarts=restarts, raw_samples=raw)
         synchronize()
         seconds = time.perf_counter() - start
         rows.append(
             {
-                "model": name,
+                "model": name + (" (cuda_graphs)" if graphed else ""),
                 "n": n,
                 "optimize_acqf s": seconds,
                 "posterior calls": len(calls),
@@ -463,15 +516,18 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
+#: In the order they run by default: the CUDA-graph sections last, since a failed
+#: capture can leave the process's CUDA random-number state unusable.
 SECTIONS = {
     "tests": run_tests,
     "update_scaling": update_scaling,
     "hot_paths": hot_paths,
     "mll": mll,
-    "acquisition": acquisition,
     "malaria": malaria,
     "bo_from_3000": bo_from_3000,
     "levy_from_5": levy_from_5,
+    "cuda_graphs": graphs,
+    "acquisition": acquisition,
 }
 
 

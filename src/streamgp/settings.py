@@ -55,6 +55,7 @@ __all__ = [
     "MAX_DENSE_GRID",
     "STATISTICS_CHUNK",
     "ValueChecks",
+    "cuda_graphs",
     "exact_prior_variance",
     "active_value_checks",
     "deferred_value_checks",
@@ -107,6 +108,35 @@ class exact_prior_variance(_feature_flag):  # noqa: N801 (gpytorch's settings st
     """
 
     _default = True
+
+
+class cuda_graphs(_feature_flag):  # noqa: N801 (gpytorch's settings style)
+    r"""Replay a :class:`~streamgp.WiskiGP`'s posterior as a captured CUDA graph (default: off).
+
+    On a GPU a grid-space WISKI posterior is a few dozen small kernels whose launch
+    overhead exceeds their arithmetic. Inside this context the posterior's tensor work
+    at the test points (interpolation weights, the exact prior variance, the mean and
+    the covariance factors) is captured once per test-input shape and cache state, and
+    replayed with one launch after (:mod:`streamgp.utils.cuda_graphs`); the value
+    checks still run before it, as outside. Results equal the eager ones. Graphs
+    differentiate with respect to the test inputs only (as an acquisition optimiser
+    needs), not the hyperparameters. A capture is made per shape and refreshed when the
+    caches change (``observe``, a refit), so it pays where many posteriors of one shape
+    follow each other: inside ``optimize_acqf``. No effect on a CPU, in data space, or
+    under LOVE (``fast_pred_var``).
+
+    Example:
+        >>> import torch
+        >>> from streamgp import WiskiGP
+        >>> X = torch.rand(20, 2, dtype=torch.float64)
+        >>> model = WiskiGP(X, X.sum(-1, keepdim=True), grid_size=10)
+        >>> with cuda_graphs():  # a no-op on the CPU
+        ...     mean = model.posterior(X[:3]).mean
+        >>> mean.shape
+        torch.Size([3, 1])
+    """
+
+    _default = False
 
 
 class ValueChecks:

@@ -214,7 +214,7 @@ class GridKernelRoot:
 
     def kernel_trace(self) -> Tensor:
         r"""``tr(L L^T) = prod_i |L_i|_F^2``, without forming ``L``."""
-        return torch.stack([f.square().sum() for f in self.factors]).prod()
+        return functools.reduce(torch.mul, [f.square().sum() for f in self.factors])
 
     def kernel_entries(self, rows: Tensor, cols: Tensor) -> Tensor:
         r"""Entries ``(L L^T)[rows, cols]`` from the small per-axis kernel matrices."""
@@ -260,7 +260,28 @@ class GridKernelRoot:
         starts = [0]
         for f in self.factors[:-1]:
             starts.append(starts[-1] + f.shape[-2])
-        return table, torch.tensor(starts, device=table.device)
+        # Each entry filled on the device (a kernel argument): a tensor made from the
+        # list, or an item assigned, is a host-to-device copy (a GPU synchronisation).
+        starts = [table.new_full((1,), start, dtype=torch.long) for start in starts]
+        return table, torch.cat(starts)
+
+
+def product(tensor: Tensor, dim: int) -> Tensor:
+    r"""``tensor.prod(dim)``, as a chain of multiplications where it needs a gradient.
+
+    The same values, but a gradient without a host read: ``prod``'s backward counts the
+    zeros on the host (``.item()``), a synchronisation on a GPU that also makes the
+    gradient impossible to capture in a CUDA graph. The dimension is short here (the
+    Kronecker factors or the input dimensions). Without a gradient, one ``prod``.
+
+    Example:
+        >>> x = torch.tensor([[1.0, 2.0, 3.0], [0.0, 4.0, 5.0]])
+        >>> product(x, -1)
+        tensor([6., 0.])
+    """
+    if not (tensor.requires_grad and torch.is_grad_enabled()):
+        return tensor.prod(dim)
+    return functools.reduce(torch.mul, tensor.unbind(dim))
 
 
 @dataclass(frozen=True)
@@ -299,7 +320,7 @@ class KernelFeatures:
     def cross(self, other: KernelFeatures) -> Tensor:
         r"""``k_SKI`` between these rows and ``other``'s: ``batch x N x N'``."""
         ndim = max(self.stack.dim(), other.stack.dim())
-        return (self._aligned(ndim) @ other._aligned(ndim).mT).prod(0)
+        return product(self._aligned(ndim) @ other._aligned(ndim).mT, 0)
 
     def _aligned(self, ndim: int) -> Tensor:
         # The stack with size-one batch dims added behind the leading factor dim, so that
@@ -311,7 +332,7 @@ class KernelFeatures:
 
     def diag(self) -> Tensor:
         r"""``k_SKI(x_i, x_i)`` of every row: ``batch x N``."""
-        return torch.linalg.vector_norm(self.stack, dim=-1).square().prod(0)
+        return product(torch.linalg.vector_norm(self.stack, dim=-1).square(), 0)
 
     # The interface of a positive factor of PosteriorCovariance (a lazy Gram matrix).
     def gram(self) -> Tensor:

@@ -62,7 +62,12 @@ from linear_operator.operators import (
 )
 from torch import Tensor
 
-from streamgp.linalg.grid_kernel import GridKernelRoot, _separable_kernel_matrix, is_separable
+from streamgp.linalg.grid_kernel import (
+    GridKernelRoot,
+    _separable_kernel_matrix,
+    is_separable,
+    product,
+)
 from streamgp.linalg.woodbury import GridPosterior
 
 
@@ -139,7 +144,7 @@ class PriorVarianceCorrection:
         blocks = self._axis_blocks
         values = values if values.dtype == blocks.dtype else values.to(blocks.dtype)
         block = blocks[self._axis_index, base]  # ... x t x d x 1 x 4 x 4
-        return torch.einsum("...di,...dzij,...dj->...d", values, block, values).prod(-1)
+        return product(torch.einsum("...di,...dzij,...dj->...d", values, block, values), -1)
 
     def exact(self, X: Tensor) -> Tensor:
         r"""``k(x, x)``: a scalar for a stationary kernel, else ``batch x t``."""

@@ -179,6 +179,7 @@ from streamgp.models.utils.observations import ObservationStore
 from streamgp.models.utils.resolution import GridResolutionMixin
 from streamgp.settings import (
     ValueChecks,
+    cuda_graphs,
     deferred_value_checks,
     immediate_value_checks,
     skip_value_checks,
@@ -188,6 +189,7 @@ from streamgp.settings import (
 from streamgp.settings import (
     exact_prior_variance as exact_prior_variance_setting,
 )
+from streamgp.utils.cuda_graphs import GraphCache, without_parameter_grads
 from streamgp.utils.validation import (
     check_choice,
     check_conditioning_data,
@@ -477,7 +479,14 @@ class WiskiGP(
     #: last update, read with the next call (see :meth:`_checked_call`).
     #: ``_prior_variance``: the exact prior variance correction at the current
     #: hyperparameters (:mod:`streamgp.linalg.prior_variance`), built with the posterior.
-    cached_attributes = ("_posterior", "_love_cache", "_pending_failure", "_prior_variance")
+    #: ``_graphs``: captured CUDA graphs of the posterior (:class:`streamgp.settings.cuda_graphs`).
+    cached_attributes = (
+        "_posterior",
+        "_love_cache",
+        "_pending_failure",
+        "_prior_variance",
+        "_graphs",
+    )
     _posterior: GridPosterior | DataPosterior | None
     _prior_variance: PriorVarianceCorrection | None
     _pending_failure: Tensor | None
@@ -1599,24 +1608,62 @@ class WiskiGP(
     def forward(self, X: Tensor) -> MultivariateNormal:
         r"""Posterior of the latent function at already-transformed inputs ``X``."""
         posterior = self.exact_posterior()
+        love = self.love_grid_posterior()
+        correction = self._current_correction()
+        if love is None and X.is_cuda and cuda_graphs.on() and isinstance(posterior, GridPosterior):
+            return self._graphed_forward(X, posterior, correction)
         weights = self._rows(X)
         # k(x, x) - w^T K_UU w on the diagonal (exact_prior_variance); the same for
         # the marginal variances and the joint covariance, exact and LOVE paths alike.
         diagonal = self.prior_variance_correction(X, weights)
-        love = self.love_grid_posterior()
         if love is not None:
             # Sparse W_* times the m x k root: t x k, never t x 4^d x m.
             mean = self._plus_prior_mean(weights.dot(love.mean))
             root = weights.matmul(love.root)
             root = root.expand(*mean.shape, root.shape[-1])  # shared by the outputs
             return MultivariateNormal(mean, root_covariance(root, diagonal))
-        mean, positive, negative = self._current_correction().predict_factors(posterior, weights)
+        mean, positive, negative = correction.predict_factors(posterior, weights)
         mean = self._plus_prior_mean(mean)
         # Variances from the factors, the dense t x t matrix only when asked for (joint
         # samples, Cholesky); a LinearOperator also defers factorisation to whoever needs
         # it (samplers add jitter as required).
         covar = PosteriorCovariance(positive, negative, diagonal, batch_shape=mean.shape[:-1])
         return MultivariateNormal(mean, covar)
+
+    def _graphed_forward(
+        self, X: Tensor, posterior: GridPosterior, correction: LowRankCorrection
+    ) -> MultivariateNormal:
+        r""":meth:`forward` in grid space from a replayed CUDA graph of
+        :meth:`_grid_factors` (see :class:`streamgp.settings.cuda_graphs`)."""
+
+        def factors(X: Tensor) -> tuple[Tensor, ...]:
+            with without_parameter_grads(self):  # a gradient in X only
+                return self._grid_factors(X, posterior, correction)
+
+        if getattr(self, "_graphs", None) is None:
+            self._graphs = GraphCache()
+        anchors = (posterior, correction, self._prior_variance)
+        key = tuple(id(anchor) for anchor in anchors)
+        mean, root, *rest = self._graphs(key, factors, X, anchors)
+        num_negative = 1 if correction.rank else 0
+        negative = tuple(rest[:num_negative])
+        diagonal = rest[num_negative] if len(rest) > num_negative else None
+        covar = PosteriorCovariance((root,), negative, diagonal, batch_shape=mean.shape[:-1])
+        return MultivariateNormal(mean, covar)
+
+    def _grid_factors(
+        self, X: Tensor, posterior: GridPosterior, correction: LowRankCorrection
+    ) -> tuple[Tensor, ...]:
+        r"""The grid-space posterior at ``X`` as plain tensors, without host reads: the
+        mean, the root ``W_* R``, the correction's root (if conditioned) and the exact
+        prior variance's diagonal (if on), in that order."""
+        with skip_value_checks():  # (checked by the caller, before any graph)
+            weights = self._rows(X)
+            diagonal = self.prior_variance_correction(X, weights)
+            mean, (root,), negative = correction.predict_factors(posterior, weights)
+            mean = self._plus_prior_mean(mean)
+        root = root if isinstance(root, Tensor) else root.tensor
+        return (mean, root, *negative, *(() if diagonal is None else (diagonal,)))
 
     def _new_prior_variance(self, root: GridKernelRoot) -> PriorVarianceCorrection:
         r"""The prior variance correction of the kernel with its (detached) root."""
