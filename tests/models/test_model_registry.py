@@ -84,7 +84,12 @@ def test_options_are_checked_against_the_entry():
     with pytest.raises(ValueError, match="osvgp: known observation noise"):
         Surrogate("osvgp", X, Y, torch.full_like(Y, 0.01))
     spec = get_model_spec("wiski")
-    assert spec.resolve_options({"grid_size": 5}) == {"grid_size": 5, "restandardize": True}
+    assert spec.resolve_options({"grid_size": 5}) == {
+        "grid_size": 5,
+        "restandardize": True,
+        "refine_grid": True,
+        "max_grid_points": 4096,
+    }
 
 
 def test_specs_are_validated_and_names_are_unique():

@@ -360,8 +360,19 @@ class AdditiveWiskiGP(WiskiGP):
 
     REGRIDS_INTERPOLATION = True
 
+    def refine_grid(self, grid_size: Any = None, *, max_grid_points: int | None = None) -> Any:
+        r"""Not available: each group has its own grid (``axis_sizes``).
+
+        Raises:
+            NotImplementedError: Build a new model with finer ``axis_sizes`` instead.
+        """
+        raise NotImplementedError(
+            "AdditiveWiskiGP.refine_grid: each group of inputs has its own grid; build a "
+            "new AdditiveWiskiGP with finer axis_sizes (and load_state_dict) instead."
+        )
+
     def _regridded_interpolation(
-        self, bounds: Tensor, X: Tensor, X_t: Tensor
+        self, bounds: Tensor, X: Tensor, X_t: Tensor, grid_size: list[int] | None = None
     ) -> tuple[AdditiveGridInterpolation, bool]:
         interpolation = AdditiveGridInterpolation(
             bounds, self.interpolation.groups, self.interpolation.axis_sizes

@@ -37,6 +37,7 @@ Example:
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -66,7 +67,9 @@ from streamgp.models.osvgp import OnlineSVGP
 from streamgp.models.projection import LearnedProjection, ProjectedKernel
 from streamgp.models.softki import SoftKIGP
 from streamgp.models.svdgp import DecoupledSVGP
+from streamgp.models.utils.resolution import CoarseGridWarning
 from streamgp.models.wiski import WiskiGP
+from streamgp.settings import MAX_DENSE_GRID
 from streamgp.utils.validation import check_count, check_positive_number
 
 __all__ = [
@@ -105,6 +108,8 @@ def refit_marginal_likelihood(
     fixed_noise: bool = False,
     mll_class: type = ExactMarginalLogLikelihood,
     restandardize: bool = False,
+    refine_grid: bool = False,
+    max_grid_points: int | None = None,
     **options: Any,
 ) -> None:
     r"""The generic refit: BoTorch's ``fit_gpytorch_mll``, warm-started, then eval mode.
@@ -114,20 +119,36 @@ def refit_marginal_likelihood(
     ``SingleTaskGP`` re-standardises on all data; known noise keeps the frozen one (the
     statistics hold noise-weighted sums only).
 
+    With ``refine_grid`` (a grid model that keeps its data), a fit that leaves a
+    lengthscale under ``MIN_SPACINGS_PER_LENGTHSCALE`` grid spacings moves the model to
+    a finer grid (``model.refine_grid``, exact, at most ``max_grid_points`` points);
+    :class:`~streamgp.models.utils.resolution.CoarseGridWarning` is then raised only if
+    the refined grid is still too coarse.
+
     Args:
         model: The model to refit.
         max_iter: Cap on L-BFGS-B's iterations (``None``: BoTorch's default).
         fixed_noise: Whether the model has known noise.
         mll_class: The marginal likelihood to maximise.
         restandardize: Re-estimate the outcome standardisation first.
+        refine_grid: Refine a too coarse grid after the fit.
+        max_grid_points: Cap on a refined grid's points (None: no cap).
         **options: The entry's other options (not used here).
     """
     if restandardize and not fixed_noise and hasattr(model, "restandardize"):
         if model.num_train > 1:
             model.restandardize()
     optimizer_kwargs = {} if max_iter is None else {"options": {"maxiter": int(max_iter)}}
-    fit_gpytorch_mll(mll_class(model.likelihood, model), optimizer_kwargs=optimizer_kwargs)
-    model.eval()
+    refines = refine_grid and getattr(model, "observations", None) is not None
+    refines = refines and hasattr(model, "refine_grid")
+    with warnings.catch_warnings():
+        if refines:  # warned below, if the refined grid is still too coarse
+            warnings.simplefilter("ignore", CoarseGridWarning)
+        fit_gpytorch_mll(mll_class(model.likelihood, model), optimizer_kwargs=optimizer_kwargs)
+        model.eval()
+    if refines:
+        model.refine_grid(max_grid_points=max_grid_points)
+        model.check_grid_resolution(again=True)
 
 
 def _resolve_options(
@@ -432,6 +453,8 @@ def _grid_model_builder(
         *,
         covar_module: Kernel | None,
         restandardize: bool = False,
+        refine_grid: bool = False,  # (refit options)
+        max_grid_points: int | None = None,
         **options: Any,
     ) -> Model:
         if covar_module is None:
@@ -726,7 +749,14 @@ register_model(
         WiskiGP,
         "WISKI: SKI on a product grid with constant-time updates (1-3-D)",
         _WISKI_FAMILY | {"classification"},
-        options={**_GRID, "restandardize": True},
+        # A refit that leaves lengthscales under two grid spacings refines the grid
+        # (exact, from the kept data), up to the largest grid with a dense root.
+        options={
+            **_GRID,
+            "restandardize": True,
+            "refine_grid": True,
+            "max_grid_points": MAX_DENSE_GRID,
+        },
         build=_grid_model_builder(WiskiGP),
         mll_class=WoodburyMarginalLogLikelihood,
         stream=StreamRecipe(_stream_wiski, per_output=True, projection="features"),

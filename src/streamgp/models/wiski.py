@@ -176,7 +176,7 @@ from streamgp.models.utils import (
 )
 from streamgp.models.utils.fixed_noise import bind_row_noise, concat_row_inputs, concat_rows
 from streamgp.models.utils.observations import ObservationStore
-from streamgp.models.utils.resolution import GridResolutionMixin
+from streamgp.models.utils.resolution import GridResolutionMixin, suggested_grid_size
 from streamgp.settings import (
     ValueChecks,
     cuda_graphs,
@@ -1768,15 +1768,22 @@ class WiskiGP(
         self._switch_space_if_needed(statistics)
 
     def _regridded_interpolation(
-        self, bounds: Tensor, X: Tensor, X_t: Tensor
+        self, bounds: Tensor, X: Tensor, X_t: Tensor, grid_size: list[int] | None = None
     ) -> tuple[CubicGridInterpolation, bool]:
-        r"""The interpolation over the grown box ``bounds`` (and ``structured``), covering
-        the transformed inputs ``X_t`` (of raw ``X``)."""
-        return build_grid(
-            X, X_t, bounds, self._grid_size_option, self.covar_module, self.MAX_DENSE_GRID
-        )
+        r"""The interpolation over the box ``bounds`` (and ``structured``), covering the
+        transformed inputs ``X_t`` (of raw ``X``), with ``grid_size`` points per axis
+        (default: the model's ``grid_size`` option)."""
+        size = self._grid_size_option if grid_size is None else grid_size
+        return build_grid(X, X_t, bounds, size, self.covar_module, self.MAX_DENSE_GRID)
 
-    def _regrid(self, bounds: Tensor, X: Tensor, Y: Tensor, Yvar: Tensor | None) -> None:
+    def _regrid(
+        self,
+        bounds: Tensor,
+        X: Tensor,
+        Y: Tensor,
+        Yvar: Tensor | None,
+        grid_size: list[int] | None = None,
+    ) -> None:
         r"""Move to a grid over ``bounds`` holding every kept observation and ``(X, Y, Yvar)``.
 
         Exact: the statistics are rebuilt from the raw data through the frozen
@@ -1788,7 +1795,7 @@ class WiskiGP(
         X_all, Y_all = torch.cat([store.X, X]), torch.cat([store.Y, Y])
         Yvar_all = None if Yvar is None else torch.cat([store.Yvar, Yvar])
         X_t, Y_t, Yvar_t = self._transform_new_data(X_all, Y_all, Yvar_all)
-        interpolation, structured = self._regridded_interpolation(bounds, X_all, X_t)
+        interpolation, structured = self._regridded_interpolation(bounds, X_all, X_t, grid_size)
         self._check_dense_for_outputs(interpolation, structured)
         noise = None if Yvar_t is None else self._shared_noise(Yvar_t, "Yvar")
         with torch.no_grad():
@@ -1799,6 +1806,93 @@ class WiskiGP(
         self.interpolation, self.structured = interpolation, structured
         self._clear_caches()
         self._set_statistics(statistics)
+
+    def refine_grid(
+        self,
+        grid_size: int | Sequence[int] | None = None,
+        *,
+        max_grid_points: int | None = None,
+    ) -> WiskiGP:
+        r"""Move to a finer grid, exactly: the statistics are rebuilt from the kept data.
+
+        The remedy for a fit whose lengthscales are too short for the grid
+        (:class:`~streamgp.models.utils.resolution.CoarseGridWarning`): afterwards the
+        model equals one built on all its observations with the new grid (the same
+        box, transforms and hyperparameters). ``O(n 4^d)`` for the rows plus a
+        factorisation at the next prediction; the loops call it after each refit.
+
+        Args:
+            grid_size: Points per axis (an int for every axis, or one per axis), at
+                least the current ones. Default: the size that puts
+                ``MIN_SPACINGS_PER_LENGTHSCALE`` grid spacings in every fitted
+                lengthscale (nothing changes where the grid is fine enough).
+            max_grid_points: Cap on the grid's points (the default size is shrunk
+                evenly on the axes it refines, never below the current grid).
+
+        Returns:
+            The model itself. Raises (and changes nothing) on a bad argument, or if the
+            model keeps no data (``keep_data=False``, a conditioned view).
+
+        Example:
+            >>> X = torch.linspace(0, 1, 50, dtype=torch.float64).unsqueeze(-1)
+            >>> model = WiskiGP(X, torch.sin(20 * X), grid_size=8)
+            >>> model.covar_module.lengthscale = 0.05
+            >>> model.refine_grid().interpolation.grid_size
+            [43]
+        """
+        with transaction(self):
+            size = self._refined_grid_size(grid_size, max_grid_points)
+            if size is None:
+                return self
+            if self.observations is None:
+                raise RuntimeError(
+                    "refine_grid rebuilds the statistics from the kept observations, and "
+                    "this model keeps none (keep_data=False, or a conditioned view)."
+                )
+            X, Y = self.observations.X, self.observations.Y
+            Yvar = None if self.observations.Yvar is None else self.observations.Yvar[:0]
+            with immediate_value_checks():
+                self._regrid(self.interpolation.bounds, X[:0], Y[:0], Yvar, size)
+            self._grid_size_option = size
+        return self
+
+    def _refined_grid_size(
+        self, grid_size: int | Sequence[int] | None, max_grid_points: int | None
+    ) -> list[int] | None:
+        r""":meth:`refine_grid`'s new size (validated), or None where nothing changes."""
+        current = list(self.interpolation.grid_size)
+        dim = len(current)
+        if max_grid_points is not None:
+            check_count(max_grid_points, "max_grid_points", minimum=math.prod(current))
+        if grid_size is None:
+            size = suggested_grid_size(self.covar_module, self.interpolation)
+            if size is None:
+                return None
+            if max_grid_points is not None and math.prod(size) > max_grid_points:
+                refined = [i for i in range(dim) if size[i] > current[i]]
+                shrink = (max_grid_points / math.prod(size)) ** (1.0 / len(refined))
+                for i in refined:
+                    size[i] = max(current[i], math.floor(size[i] * shrink))
+        else:
+            if isinstance(grid_size, int):
+                sizes = [grid_size] * dim
+            else:
+                sizes = list(grid_size) if isinstance(grid_size, Sequence) else []
+            if len(sizes) != dim or any(
+                not isinstance(g, int) or isinstance(g, bool) or g < c
+                for g, c in zip(sizes, current, strict=False)
+            ):
+                raise ValueError(
+                    f"grid_size must be an int or {dim} ints, each at least the current "
+                    f"grid's {current}; got {grid_size!r}."
+                )
+            size = sizes
+            if max_grid_points is not None and math.prod(size) > max_grid_points:
+                raise ValueError(
+                    f"grid_size {size} has {math.prod(size)} points, more than "
+                    f"max_grid_points = {max_grid_points}."
+                )
+        return None if size == current else size
 
     #: In grid space, small batches are first held as a low-rank correction of the root
     #: (what ``condition_on_observations`` builds, ``O(m q Q)``), and folded into the

@@ -12,6 +12,11 @@ below :data:`MIN_SPACINGS_PER_LENGTHSCALE` grid spacings warns once with
 :class:`CoarseGridWarning`, naming the axis and a ``grid_size`` that would meet the
 ratio. The check reads the lengthscales on the host once per fit, never in predictions,
 and not at all inside :class:`~streamgp.settings.skip_value_checks`.
+
+The remedy is exact where the model keeps its data: ``WiskiGP.refine_grid()`` rebuilds
+the statistics on the grid :func:`suggested_grid_size` names, and the loops do so after
+every refit (the registry's ``refine_grid`` and ``max_grid_points`` options), so the
+warning is left for grids a cap keeps coarse.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ class CoarseGridWarning(UserWarning):
 
     The grid is too coarse for the function the fit found: the interpolated kernel (and
     so the posterior mean and covariances) is inaccurate there. Remedy: a finer grid,
-    ``grid_size`` at least the one the message names (or a shorter ``grid_bounds`` box).
+    ``grid_size`` at least the one the message names (or a shorter ``grid_bounds`` box);
+    ``WiskiGP.refine_grid()`` moves a model that keeps its data there exactly.
     Issued once per model; silence it with :mod:`warnings` filters.
     """
 
@@ -59,17 +65,9 @@ def _grid_parts(kernel: Any, interpolation: Any) -> list[tuple[Any, Any]]:
     return []
 
 
-def coarse_grid_message(kernel: Any, interpolation: Any) -> str | None:
-    r"""Why the grid is too coarse for ``kernel``'s lengthscales, or None if it is not.
-
-    Reads the lengthscales on the host (one read per grid).
-
-    Args:
-        kernel: The model's kernel (``ScaleKernel``, RBF/Matern, or an additive sum of
-            them, one per group of an additive grid).
-        interpolation: The model's grid interpolation (a regular grid, or an additive one
-            with ``parts``); others (SoftKI's points) are not checked.
-    """
+def _coarse_axes(kernel: Any, interpolation: Any) -> tuple[list[str], list[list[int]]]:
+    r"""The axes whose fitted lengthscale is under the ratio (described), and for each
+    grid part with such an axis the ``grid_size`` that would meet the ratio."""
     problems, sizes = [], []
     for part_kernel, grid in _grid_parts(kernel, interpolation):
         base = _lengthscale_kernel(part_kernel)
@@ -91,6 +89,42 @@ def coarse_grid_message(kernel: Any, interpolation: Any) -> str | None:
                 problems.append(f"{ell:.3g} = {ratio:.2f} spacings of {h:.3g} on axis {i}")
         if suggested != list(grid.grid_size):
             sizes.append(suggested)
+    return problems, sizes
+
+
+def suggested_grid_size(kernel: Any, interpolation: Any) -> list[int] | None:
+    r"""The ``grid_size`` that puts :data:`MIN_SPACINGS_PER_LENGTHSCALE` grid spacings in
+    every fitted lengthscale of a product grid, or None where the grid is fine enough
+    (or is not one product grid). Reads the lengthscales on the host.
+
+    Example:
+        >>> import torch
+        >>> from gpytorch.kernels import RBFKernel
+        >>> from streamgp.interpolation.grid import CubicGridInterpolation
+        >>> grid = CubicGridInterpolation(torch.tensor([[0.0], [1.0]]), [13])
+        >>> kernel = RBFKernel()
+        >>> kernel.lengthscale = 0.05  # 0.5 spacings of 0.1
+        >>> suggested_grid_size(kernel, grid)
+        [43]
+    """
+    if len(_grid_parts(kernel, interpolation)) != 1:
+        return None
+    _, sizes = _coarse_axes(kernel, interpolation)
+    return sizes[0] if sizes else None
+
+
+def coarse_grid_message(kernel: Any, interpolation: Any) -> str | None:
+    r"""Why the grid is too coarse for ``kernel``'s lengthscales, or None if it is not.
+
+    Reads the lengthscales on the host (one read per grid).
+
+    Args:
+        kernel: The model's kernel (``ScaleKernel``, RBF/Matern, or an additive sum of
+            them, one per group of an additive grid).
+        interpolation: The model's grid interpolation (a regular grid, or an additive one
+            with ``parts``); others (SoftKI's points) are not checked.
+    """
+    problems, sizes = _coarse_axes(kernel, interpolation)
     if not problems:
         return None
     sizes_text = sizes[0] if len(sizes) == 1 else sizes
@@ -126,6 +160,17 @@ class GridResolutionMixin:
             self._fitted_since_check = False
             self._check_grid_resolution()
         return super().train(mode)
+
+    def check_grid_resolution(self, again: bool = False) -> None:
+        r"""Warn (:class:`CoarseGridWarning`) if a fitted lengthscale is under the ratio.
+
+        Args:
+            again: Warn even if this model warned before (e.g. after a refinement that a
+                cap kept coarse).
+        """
+        if again:
+            self._coarse_grid_warned = False
+        self._check_grid_resolution()
 
     def _check_grid_resolution(self) -> None:
         if self._coarse_grid_warned or skip_value_checks.on():
