@@ -30,11 +30,11 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 TOL = 1e-10
 
 
-def grid_model(device: str = "cpu", n: int = 1500) -> WiskiGP:
+def grid_model(device: str = "cpu", n: int = 1500, outputs: int = 1) -> WiskiGP:
     generator = torch.Generator().manual_seed(0)
     X = torch.rand(n, 3, generator=generator, dtype=torch.float64)
     Y = torch.sin(6 * X).sum(-1, keepdim=True) + 0.1 * torch.randn(
-        n, 1, generator=generator, dtype=torch.float64
+        n, outputs, generator=generator, dtype=torch.float64
     )
     bounds = torch.tensor([[0.0] * 3, [1.0] * 3], dtype=torch.float64, device=device)
     model = WiskiGP(X.to(device), Y.to(device), grid_size=10, grid_bounds=bounds)
@@ -60,10 +60,11 @@ def assert_agree(graphed: list[torch.Tensor], eager: list[torch.Tensor]) -> None
 
 
 # ---------------------------------------------------------------------- CPU
-def test_the_captured_function_reads_nothing_on_the_host_and_gives_forwards_posterior():
-    model = grid_model(n=1500)
+@pytest.mark.parametrize("outputs", [1, 2])
+def test_the_captured_function_reads_nothing_on_the_host_and_gives_forwards_posterior(outputs):
+    model = grid_model(n=1500, outputs=outputs)
     conditioned = model.condition_on_observations(
-        points((2,), "cpu", seed=5), torch.zeros(2, 1, dtype=torch.float64)
+        points((2,), "cpu", seed=5), torch.zeros(2, outputs, dtype=torch.float64)
     )
     for m in (model, conditioned):
         X = points((4, 3), "cpu")
