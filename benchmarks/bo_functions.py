@@ -26,7 +26,7 @@ mean, i.e. ``SingleTaskGP``'s model on a grid (``WiskiSurrogate(restandardize=Tr
 loops' default; label suffix ``_restd``); ``--no-wiski-restandardize`` keeps the initial
 design's standardisation (unsuffixed labels).
 ``bo_functions_seeds.{csv,md}`` report every seed's best true value at the
-``--report-steps`` (mean ± sd and median over the seeds that reached each step; README's
+``--report-steps`` (mean ± sd and median over the seeds that reached each step; the docs'
 tables).
 ``--summarize-only`` runs nothing and rewrites the summary and figures from the runs under
 ``--out`` (e.g. after runs of different lengths were resumed separately).

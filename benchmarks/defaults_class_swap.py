@@ -1,7 +1,7 @@
 """SingleTaskGP's defaults in every model: the class swap and a drifting stream.
 
 Two measurements, written to ``results/defaults_class_swap.csv`` (one row per model and
-setting) and quoted in README's "Defaults" section:
+setting) and quoted in the docs' "Defaults" section (docs/botorch.md):
 
 - **Class swap**: ``cls(X, Y)`` with nothing else passed, as a BoTorch user writes
   ``SingleTaskGP(X, Y)``, fitted with ``fit_gpytorch_mll(ExactMarginalLogLikelihood)``;

@@ -28,7 +28,7 @@ time limit keeps what it finished; one that fails records its error and the next
    time per step against n, for ``--levy-steps`` steps per model.
 
 Writes ``<out>/<gpu-name>.json`` and ``<out>/<gpu-name>.md`` (``--out`` defaults to
-``benchmarks/results/gpu``), which README's GPU section quotes. ``--device cpu --quick``
+``benchmarks/results/gpu``), which the docs' GPU page (docs/gpu.md) quotes. ``--device cpu --quick``
 is the dry run of the same code without a GPU (the CUDA tests then skip).
 
 With the defaults (``--levy-steps 20``, ``--bo-steps 6``) it takes about 5 minutes on an

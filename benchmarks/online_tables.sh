@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Regenerate the README's merged online-protocol tables and figures from the committed runs.
+# Regenerate the merged online-protocol tables and figures (docs/benchmarks/online.md) from the
+# runs. Their curves (*.csv.gz) are not committed: regenerate them first (benchmarks/README.md).
 #
 # Each directory below is one run of benchmarks/online_regression.py or
 # online_classification.py (a subset of datasets, models or trials; see its JSON).

@@ -62,7 +62,9 @@ class ActiveLearningLoop(Loop):
         kernel_factory: Optional ``d -> Kernel`` for the surrogate.
         model_options: Further surrogate keyword arguments (e.g. ``grid_size``).
         acquisition_options: Acquisition settings.
-        seed, device, dtype: As :class:`~streamgp.loops.base.Loop`.
+        seed: As :class:`~streamgp.loops.base.Loop`.
+        device: As :class:`~streamgp.loops.base.Loop`.
+        dtype: As :class:`~streamgp.loops.base.Loop`.
 
     Example:
         >>> X = torch.rand(300, 2, dtype=torch.float64)

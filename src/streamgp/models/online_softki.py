@@ -540,7 +540,7 @@ class OnlineSoftKIGP(WiskiGP):
             RuntimeError: Without ``keep_data=True``, or on a model conditioned with
                 ``condition_on_observations`` (whose rows are not kept).
             ValueError: On invalid options or no data; the model is then unchanged.
-            On any failure (an interrupt included) the model is unchanged.
+                On any failure (an interrupt included) the model is unchanged.
         """
         with transaction(self, self._refit_state):  # it also learns the hyperparameters
             return self._refit_points(num_epochs, num_inducing, **fit_options)

@@ -41,7 +41,9 @@ class StreamingLoop(Loop):
         num_evals: Evaluations when ``eval_every`` is not given.
         max_stream: Stream at most this many observations after pretraining.
         config: :class:`StreamConfig`.
-        seed, device, dtype: As :class:`~streamgp.loops.base.Loop`.
+        seed: As :class:`~streamgp.loops.base.Loop`.
+        device: As :class:`~streamgp.loops.base.Loop`.
+        dtype: As :class:`~streamgp.loops.base.Loop`.
     """
 
     PHASES = ("fit", "update")

@@ -83,6 +83,8 @@ def run_stream_experiment(
     share the split when their tasks run in one process); for other processes it must be
     picklable (e.g. :class:`StreamSplits`; Dask also accepts lambdas).
 
+    The arguments not listed below are as :class:`StreamingLoop`'s.
+
     Args:
         split_factory: ``seed -> StreamingSplit`` (trial ``t`` uses split seed ``t``
             and loop seed ``t`` for every model).
@@ -97,7 +99,6 @@ def run_stream_experiment(
         executor: Where the runs go: ``None`` (in this process, one after the other),
             an :class:`~streamgp.loops.executors.Executor` or a Dask
             ``distributed.Client``.
-        Other arguments: as :class:`StreamingLoop`.
 
     Returns:
         The long-format curves (one row per step, with ``model``, ``trial``, ``dataset``).
