@@ -123,7 +123,11 @@ class cuda_graphs(_feature_flag):  # noqa: N801 (gpytorch's settings style)
     needs), not the hyperparameters. A capture is made per shape and refreshed when the
     caches change (``observe``, a refit), so it pays where many posteriors of one shape
     follow each other: inside ``optimize_acqf``. No effect on a CPU, in data space, or
-    under LOVE (``fast_pred_var``).
+    under LOVE (``fast_pred_var``). A capture that fails (a kernel that cannot be
+    captured, e.g. from a custom kernel's host read) warns and runs eagerly, but a
+    failed capture can leave the process's CUDA random-number generator unusable
+    ("Offset increment outside graph capture"): seen on an H100 before the gradient's
+    last host read was removed, so this setting is off by default.
 
     Example:
         >>> import torch
