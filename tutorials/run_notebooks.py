@@ -3,6 +3,7 @@ r"""Execute the tutorial notebooks top to bottom.
 ``python tutorials/run_notebooks.py`` (what ``make tutorials`` runs) executes every
 notebook in this folder with its full settings and writes it back with its outputs, so
 the stored notebooks read well on a code host without running them.
+Figures are stored with a 256-colour palette (:func:`compress_figures`).
 ``--quick`` sets ``STREAMGP_TUTORIAL_QUICK=1`` for the kernel (each notebook then shortens
 its loops; the test suite executes the notebooks this way) and, unless ``--write`` is
 given, leaves the stored files untouched.
@@ -54,8 +55,33 @@ def execute_notebook(path: Path, quick: bool, write: bool, timeout: int = 1200):
         else:
             os.environ[QUICK_ENV] = previous
     if write:
+        compress_figures(notebook)
         nbformat.write(notebook, path)
     return notebook
+
+
+def compress_figures(notebook) -> None:
+    r"""Store each PNG output with a 256-colour palette where that saves a fifth or more.
+
+    The maps (dense colour fields) shrink about 3x; line plots barely change. Keeps the
+    stored tutorials small (issue 41: under 3 MB together).
+    """
+    import base64
+    import io
+
+    from PIL import Image
+
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if "image/png" not in data:
+                continue
+            image = Image.open(io.BytesIO(base64.b64decode(data["image/png"]))).convert("RGB")
+            buffer = io.BytesIO()
+            image.quantize(colors=256).save(buffer, format="PNG", optimize=True)
+            compressed = base64.b64encode(buffer.getvalue()).decode()
+            if len(compressed) < 0.8 * len(data["image/png"]):
+                data["image/png"] = compressed
 
 
 def main() -> int:
