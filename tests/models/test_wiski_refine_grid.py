@@ -165,6 +165,11 @@ def test_the_loops_refit_refines_a_grid_the_fit_left_coarse():
     with pytest.warns(CoarseGridWarning, match="grid_size"):
         spec.fit(capped, grid_size=10, max_grid_points=200)
     assert capped.interpolation.grid_size == [20, 10]
+    # A grid at the cap already (here 24 x 24 > 200 points) stays as built, and warns.
+    large = spec.make(X, Y, grid_size=24)
+    with pytest.warns(CoarseGridWarning):
+        spec.fit(large, grid_size=24, max_grid_points=200)
+    assert large.interpolation.grid_size == [24, 24]
     # Switched off: the fit warns and the grid stays.
     kept = spec.make(X, Y, grid_size=10)
     with pytest.warns(CoarseGridWarning):

@@ -141,6 +141,8 @@ def refit_marginal_likelihood(
     optimizer_kwargs = {} if max_iter is None else {"options": {"maxiter": int(max_iter)}}
     refines = refine_grid and getattr(model, "observations", None) is not None
     refines = refines and hasattr(model, "refine_grid")
+    if refines and max_grid_points is not None:  # a grid at the cap already: as built
+        refines = model.interpolation.num_grid < max_grid_points
     with warnings.catch_warnings():
         if refines:  # warned below, if the refined grid is still too coarse
             warnings.simplefilter("ignore", CoarseGridWarning)
