@@ -9,8 +9,9 @@ and random selection (``--acquisitions qnipv,random``).
 Writes ``benchmarks/results/malaria_active.{csv,json}`` and the figures.
 
 With ``--refine-grid`` (the loops' default) a refit that leaves a lengthscale under two
-grid spacings moves WISKI to a finer grid (exact, at most 4,096 points);
-``--no-refine-grid`` keeps the paper's 30 x 30 grid.
+grid spacings moves WISKI to a finer grid (exact, at most ``--max-grid-points``: by
+default the device's default grid budget, 1,024 points on a CPU); ``--no-refine-grid``
+keeps the paper's 30 x 30 grid.
 
 Usage: ``python benchmarks/malaria_active.py [--steps 500] [--trials 3] [--quick]``
 """
@@ -54,6 +55,12 @@ def main() -> None:
         default=True,
         help="refine WISKI's 30 x 30 grid after a refit that leaves it too coarse",
     )
+    parser.add_argument(
+        "--max-grid-points",
+        type=int,
+        default=None,
+        help="cap on a refined grid (default: the device's default grid budget)",
+    )
     parser.add_argument("--resume", action="store_true", help="continue from checkpoints in --out")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu")
@@ -82,7 +89,13 @@ def main() -> None:
         kernel_factory=malaria_kernel,
         acquisition_options=AcquisitionOptions(pool_batch_size=args.pool_batch_size),
         resume=args.resume,
-        model_options={"wiski": {"grid_size": 30, "refine_grid": args.refine_grid}},
+        model_options={
+            "wiski": {
+                "grid_size": 30,
+                "refine_grid": args.refine_grid,
+                "max_grid_points": args.max_grid_points,
+            }
+        },
         trials=args.trials,
         device=args.device,
         out=args.out / "malaria_active_runs",

@@ -88,7 +88,7 @@ def test_options_are_checked_against_the_entry():
         "grid_size": 5,
         "restandardize": True,
         "refine_grid": True,
-        "max_grid_points": 4096,
+        "max_grid_points": None,
     }
 
 

@@ -68,8 +68,7 @@ from streamgp.models.projection import LearnedProjection, ProjectedKernel
 from streamgp.models.softki import SoftKIGP
 from streamgp.models.svdgp import DecoupledSVGP
 from streamgp.models.utils.resolution import CoarseGridWarning
-from streamgp.models.wiski import WiskiGP
-from streamgp.settings import MAX_DENSE_GRID
+from streamgp.models.wiski import DEFAULT_CUDA_GRID_POINTS, DEFAULT_GRID_POINTS, WiskiGP
 from streamgp.utils.validation import check_count, check_positive_number
 
 __all__ = [
@@ -121,9 +120,11 @@ def refit_marginal_likelihood(
 
     With ``refine_grid`` (a grid model that keeps its data), a fit that leaves a
     lengthscale under ``MIN_SPACINGS_PER_LENGTHSCALE`` grid spacings moves the model to
-    a finer grid (``model.refine_grid``, exact, at most ``max_grid_points`` points);
-    :class:`~streamgp.models.utils.resolution.CoarseGridWarning` is then raised only if
-    the refined grid is still too coarse.
+    a finer grid (``model.refine_grid``, exact, at most ``max_grid_points`` points:
+    default, the device's default grid budget, ``DEFAULT_GRID_POINTS`` on a CPU and
+    ``DEFAULT_CUDA_GRID_POINTS`` on CUDA, so that a refined grid costs per step what a
+    default grid costs); :class:`~streamgp.models.utils.resolution.CoarseGridWarning`
+    is then raised only if the refined grid is still too coarse.
 
     Args:
         model: The model to refit.
@@ -132,7 +133,8 @@ def refit_marginal_likelihood(
         mll_class: The marginal likelihood to maximise.
         restandardize: Re-estimate the outcome standardisation first.
         refine_grid: Refine a too coarse grid after the fit.
-        max_grid_points: Cap on a refined grid's points (None: no cap).
+        max_grid_points: Cap on a refined grid's points (None: the device's default
+            grid budget).
         **options: The entry's other options (not used here).
     """
     if restandardize and not fixed_noise and hasattr(model, "restandardize"):
@@ -141,7 +143,11 @@ def refit_marginal_likelihood(
     optimizer_kwargs = {} if max_iter is None else {"options": {"maxiter": int(max_iter)}}
     refines = refine_grid and getattr(model, "observations", None) is not None
     refines = refines and hasattr(model, "refine_grid")
-    if refines and max_grid_points is not None:  # a grid at the cap already: as built
+    if refines:
+        if max_grid_points is None:
+            on_cuda = model.interpolation.bounds.is_cuda
+            max_grid_points = DEFAULT_CUDA_GRID_POINTS if on_cuda else DEFAULT_GRID_POINTS
+        # A grid at the cap already stays as built.
         refines = model.interpolation.num_grid < max_grid_points
     with warnings.catch_warnings():
         if refines:  # warned below, if the refined grid is still too coarse
@@ -752,13 +758,8 @@ register_model(
         "WISKI: SKI on a product grid with constant-time updates (1-3-D)",
         _WISKI_FAMILY | {"classification"},
         # A refit that leaves lengthscales under two grid spacings refines the grid
-        # (exact, from the kept data), up to the largest grid with a dense root.
-        options={
-            **_GRID,
-            "restandardize": True,
-            "refine_grid": True,
-            "max_grid_points": MAX_DENSE_GRID,
-        },
+        # (exact, from the kept data), up to the device's default grid budget.
+        options={**_GRID, "restandardize": True, "refine_grid": True, "max_grid_points": None},
         build=_grid_model_builder(WiskiGP),
         mll_class=WoodburyMarginalLogLikelihood,
         stream=StreamRecipe(_stream_wiski, per_output=True, projection="features"),
