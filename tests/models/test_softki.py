@@ -307,6 +307,11 @@ def _same(a, b):
         ({"train_Yvar": torch.full((10, 1), 0.1, dtype=DTYPE)}, ValueError, "train_Yvar"),
         ({"num_inducing": 0}, ValueError, "num_inducing"),
         ({"temperature": -1.0}, ValueError, "temperature"),
+        ({"learn_temperature": 0}, TypeError, "learn_temperature"),
+        ({"learn_noise": "no"}, TypeError, "learn_noise"),
+        ({"noise": 0.0}, ValueError, "noise"),
+        ({"noise": math.nan}, ValueError, "noise"),
+        ({"noise": True}, ValueError, "noise"),
         ({"inducing_points": torch.rand(4, 3, dtype=DTYPE)}, ValueError, "inducing_points"),
         ({"likelihood": "noise"}, TypeError, "likelihood"),
         ({"covar_module": 3}, TypeError, "covar_module"),
@@ -492,3 +497,75 @@ def test_constant_mean_survives_warm_start_and_checkpoint():
     Xs = torch.rand(5, 2, dtype=DTYPE)
     a, b = model.posterior(Xs), restored.posterior(Xs)
     assert torch.equal(a.mean, b.mean) and torch.equal(a.variance, b.variance)
+
+
+# ------------------------------------------------ fixed temperature and fixed noise
+def _fit_both_ways(model):
+    model.fit(num_epochs=3, batch_size=20, lr=0.05, seed=0)
+    fit_gpytorch_mll(
+        ExactMarginalLogLikelihood(model.likelihood, model),
+        optimizer_kwargs={"options": {"maxiter": 30}},
+    )
+
+
+def test_fixed_temperature_and_noise_stay_fixed_through_both_fits():
+    X, Y = make_data(60, d=2, noise=0.2)
+    model = SoftKIGP(
+        X,
+        Y,
+        num_inducing=12,
+        temperature=0.2,
+        learn_temperature=False,
+        noise=1e-3,
+        learn_noise=False,
+    )
+    assert not model.learn_temperature and not model.learn_noise
+    temperature, noise = model.temperature.clone(), model.noise_variance.clone()
+    assert temperature.item() == pytest.approx(0.2) and noise.item() == pytest.approx(1e-3)
+    lengthscale = model.covar_module.lengthscale.clone()
+    _fit_both_ways(model)
+    assert torch.equal(model.temperature, temperature)
+    assert torch.equal(model.noise_variance, noise)
+    assert not torch.allclose(model.covar_module.lengthscale, lengthscale)  # the rest learns
+    # The default is unchanged: both are learned, by both fits.
+    default = SoftKIGP(X, Y, num_inducing=12, temperature=0.2, noise=1e-3)
+    assert default.learn_temperature and default.learn_noise
+    default.fit(num_epochs=3, batch_size=20, lr=0.05, seed=0)
+    after_adam = default.temperature.clone(), default.noise_variance.clone()
+    assert after_adam[0] != temperature and after_adam[1] != noise
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(default.likelihood, default))
+    assert default.temperature != after_adam[0] and default.noise_variance != after_adam[1]
+
+
+def test_constructor_options_equal_the_manual_way():
+    """``learn_*=False`` is exactly the old recipe: requires_grad off, fit(learn_noise=False)."""
+    X, Y = make_data(50, d=2, noise=0.2)
+    options = {"num_inducing": 10, "temperature": 1.0, "seed": 0}
+    new = SoftKIGP(X, Y, **options, learn_temperature=False, noise=1e-3, learn_noise=False)
+    likelihood = GaussianLikelihood(noise_constraint=GreaterThan(0.5e-3)).to(X)
+    likelihood.noise = 1e-3
+    old = SoftKIGP(X, Y, **options, likelihood=likelihood)
+    old.raw_temperature.requires_grad_(False)
+    new.fit(num_epochs=3, batch_size=20, seed=0)
+    old.fit(num_epochs=3, batch_size=20, seed=0, learn_noise=False)
+    assert _same(_state(new), _state(old))
+
+
+def test_fixed_noise_admitted_by_the_likelihood():
+    X, Y = make_data(20, d=2)
+    # A fixed noise below BoTorch's floor (1e-4) gets a default likelihood that admits it.
+    tiny = SoftKIGP(X, Y, num_inducing=5, noise=1e-6, learn_noise=False)
+    assert tiny.noise_variance.item() == pytest.approx(1e-6)
+    given = GaussianLikelihood(noise_constraint=GreaterThan(1e-2)).to(X)
+    before = given.noise.clone()
+    for kwargs, match in [
+        ({"noise": 1e-5}, "noise=1e-05 is not above"),  # learned, under the default floor
+        ({"noise": 1e-3, "likelihood": given}, "noise floor 0.01"),
+        ({"noise": 1e-3, "likelihood": given, "learn_noise": False}, "noise floor 0.01"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            SoftKIGP(X, Y, num_inducing=5, **kwargs)
+    assert torch.equal(given.noise, before) and given.noise_covar.raw_noise.requires_grad
+    fixed = SoftKIGP(X, Y, num_inducing=5, likelihood=given, learn_noise=False)
+    assert torch.equal(fixed.noise_variance, before.reshape(()))  # the likelihood's own value
+    assert not copy.deepcopy(fixed).learn_noise

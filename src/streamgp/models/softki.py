@@ -43,10 +43,12 @@ Deviations from the paper's text, on purpose: Definition 4.2 as printed has the
 opposite sign (its gradient is that of ``-log p(y)``) and normalises the probe vectors
 to unit length (which would scale the trace term by ``1 / n``); here the probes are
 standard Gaussian (``E[a a^T] = I``) and the sign is that of ``log p(y)``, as in the
-authors' code. The paper fixes the noise at ``1e-3``; here it is learned unless
-``fit(learn_noise=False)``. The pseudo-loss's reported *value* is the exact
-minibatch negative log marginal likelihood (it comes free with the LU factorisation
-used for the solves), so training curves are meaningful.
+authors' code. The paper fixes the noise at ``1e-3`` (and the temperature at 1); here
+both are learned unless the constructor says ``noise=1e-3, learn_noise=False`` (and
+``temperature=1.0, learn_temperature=False``) or ``fit(learn_noise=False)``. The
+pseudo-loss's reported *value* is the exact minibatch negative log marginal
+likelihood (it comes free with the LU factorisation used for the solves), so training
+curves are meaningful.
 
 Transforms: as ``SingleTaskGP``'s, ``outcome_transform`` defaults to ``Standardize(m=1)``.
 An ``input_transform`` and an ``outcome_transform`` are fitted once on the training data
@@ -70,8 +72,9 @@ from botorch.models.gpytorch import GPyTorchModel
 from botorch.models.model import FantasizeMixin
 from botorch.models.transforms.input import InputTransform
 from botorch.models.transforms.outcome import OutcomeTransform
+from botorch.models.utils.gpytorch_modules import MIN_INFERRED_NOISE_LEVEL
 from botorch.optim.utils import get_parameters_and_bounds
-from gpytorch.constraints import Positive
+from gpytorch.constraints import GreaterThan, Positive
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel
 from gpytorch.likelihoods import GaussianLikelihood
@@ -100,6 +103,7 @@ from streamgp.models.utils import (
 )
 from streamgp.models.utils.defaults import DEFAULT, _DefaultType, mean_module_or_default
 from streamgp.utils.validation import (
+    check_bool,
     check_conditioning_data,
     check_count,
     check_gaussian_likelihood,
@@ -288,6 +292,30 @@ def check_point_options(
         raise TypeError(f"squared_distance must be a bool, got {type(squared_distance).__name__}.")
 
 
+def check_noise_admitted(noise: float | None, likelihood: GaussianLikelihood | None) -> None:
+    r"""Check that a Gaussian likelihood's noise constraint admits an initial ``noise``.
+
+    Args:
+        noise: The noise variance to set, or None (nothing to check).
+        likelihood: The likelihood, or None for BoTorch's default (floor ``1e-4``).
+
+    Raises:
+        ValueError: Naming ``noise`` if it is not above the constraint's lower bound.
+    """
+    if noise is None:
+        return
+    if likelihood is None:
+        lower = MIN_INFERRED_NOISE_LEVEL
+    else:
+        lower = likelihood.noise_covar.raw_noise_constraint.lower_bound.max().item()
+    if not noise > lower:
+        raise ValueError(
+            f"noise={noise!r} is not above the likelihood's noise floor {lower:g}; pass a "
+            "likelihood whose noise constraint admits it (or learn_noise=False with the "
+            "default likelihood, which then takes a floor below the value)."
+        )
+
+
 def check_constant_mean(mean_module: object) -> None:
     r"""Check a softmax-interpolation model's prior mean: constant or zero.
 
@@ -360,6 +388,17 @@ class SoftKIGP(
         temperature: Initial softmax temperature ``T > 0``. Default:
             ``DEFAULT_RELATIVE_TEMPERATURE`` times the median distance from a point
             to its nearest other point.
+        learn_temperature: Learn the temperature with the other hyperparameters
+            (default). False fixes it at its initial value for :meth:`fit` and for
+            BoTorch's ``fit_gpytorch_mll`` (the paper's Definition 4.1 and the authors'
+            code use a fixed ``T = 1``).
+        noise: Initial noise variance ``s2 > 0`` (transformed output space). Default:
+            the likelihood's own initial value.
+        learn_noise: Learn the noise variance (default). False fixes it (at ``noise``
+            when given) for :meth:`fit` and for ``fit_gpytorch_mll``: the paper's
+            protocol, ``noise=1e-3, learn_noise=False``. A noise far below the data's
+            makes the predictive variances far too small (test NLL of 15-200 where a
+            learned noise gives about 1).
         squared_distance: Weights ``exp(-||x - z||^2 / T)`` instead of the paper's
             ``exp(-||x - z|| / T)``.
         seed: Seed of the k-means++ initialisation.
@@ -396,6 +435,9 @@ class SoftKIGP(
         num_inducing: int | None = None,
         inducing_points: Tensor | None = None,
         temperature: float | None = None,
+        learn_temperature: bool = True,
+        noise: float | None = None,
+        learn_noise: bool = True,
         squared_distance: bool = False,
         seed: int = 0,
     ) -> None:
@@ -404,6 +446,13 @@ class SoftKIGP(
         check_train_data(train_X, train_Y, allow_empty=False)
         check_point_options(train_X, num_inducing, inducing_points, temperature, squared_distance)
         check_gaussian_likelihood(likelihood)
+        check_bool(learn_temperature, "learn_temperature")
+        check_bool(learn_noise, "learn_noise")
+        check_positive_number(noise, "noise", allow_none=True)
+        if noise is not None and likelihood is None and not learn_noise:
+            # A fixed noise needs no prior; its floor only has to admit the value.
+            likelihood = GaussianLikelihood(noise_constraint=GreaterThan(0.5 * noise))
+        check_noise_admitted(noise, likelihood)
         check_kernel(covar_module)
         check_constant_mean(mean_module)
         super().__init__()
@@ -420,6 +469,9 @@ class SoftKIGP(
             covar_module, likelihood, like=train_X
         )
         self.mean_module = mean_module_or_default(mean_module, like=train_X)
+        if noise is not None:
+            self.likelihood.noise = noise
+        self.likelihood.noise_covar.raw_noise.requires_grad_(learn_noise)
 
         # Algorithm 1, line 1: interpolation points at k-means centres.
         if inducing_points is None:
@@ -435,6 +487,7 @@ class SoftKIGP(
         # On the data's device and dtype, as the parameter (a submodule: ``.to`` moves it).
         self.register_constraint("raw_temperature", Positive().to(**tkwargs))
         self.temperature = temperature
+        self.raw_temperature.requires_grad_(learn_temperature)
         self.register_load_state_dict_post_hook(invalidate_after_load)
         self._clear_caches()
 
@@ -463,6 +516,16 @@ class SoftKIGP(
             raise ValueError(f"temperature must be positive and finite, got {value.item()!r}.")
         with torch.no_grad():
             self.raw_temperature.copy_(self.raw_temperature_constraint.inverse_transform(value))
+
+    @property
+    def learn_temperature(self) -> bool:
+        r"""Whether :meth:`fit` and ``fit_gpytorch_mll`` learn the temperature."""
+        return self.raw_temperature.requires_grad
+
+    @property
+    def learn_noise(self) -> bool:
+        r"""Whether :meth:`fit` and ``fit_gpytorch_mll`` learn the noise variance."""
+        return self.likelihood.noise_covar.raw_noise.requires_grad
 
     @property
     def num_inducing(self) -> int:
