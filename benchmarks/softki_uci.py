@@ -35,7 +35,10 @@ over seeds, settings, machine, paper values), ``softki_uci.md`` (the table) and
 Usage:
     ``python benchmarks/softki_uci.py`` (full: both datasets, 3 models, 3 seeds; a
     few hours on one CPU thread) or ``--quick`` (2 epochs, 1 seed, elevators);
-    ``--models softki --seeds 0,1,2 --resume`` adds runs to an earlier invocation.
+    ``--models softki --seeds 0,1,2 --resume`` adds runs to an earlier invocation;
+    ``--data file.csv --target column`` runs the protocol on a table of your own
+    (:func:`streamgp.datasets.load_csv`, every other column an input; the split and
+    standardisation are :func:`streamgp.datasets.make_standardized_split`).
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from gpytorch.kernels import InducingPointKernel, RBFKernel, ScaleKernel
 from gpytorch.likelihoods import GaussianLikelihood
 from gpytorch.means import ZeroMean
 
-from streamgp.datasets import load_dataset
+from streamgp.datasets import TabularData, load_csv, load_dataset, make_standardized_split
 from streamgp.inducing.kmeans import KMeansSelector
 from streamgp.models.softki import SoftKIGP
 from streamgp.utils.machine import machine_info
@@ -79,26 +82,26 @@ TRAIN_FRACTION = 0.9
 BASELINE_NOISE, BASELINE_NOISE_FLOOR = 0.5, 0.1
 SOFTKI_NOISE = 1e-3
 PREDICT_CHUNK = 1024
+NO_PAPER = {"softki": (math.nan, math.nan), "sgpr": (math.nan, math.nan), "svgp": (math.nan,) * 2}
 
 
 # ------------------------------------------------------------------------- data
-def make_split(name: str, seed: int, data_dir, dtype: torch.dtype) -> dict:
+def load(name: str, args, dtype: torch.dtype) -> TabularData:
+    r"""A registered dataset, or (``--data``) the user's CSV file."""
+    if args.data is not None:
+        return load_csv(args.data, args.target, dtype=dtype)
+    return load_dataset(name, data_dir=args.data_dir, dtype=dtype)
+
+
+def make_split(data: TabularData, seed: int) -> dict:
     r"""Seeded 90/10 split, standardised with the training statistics."""
-    data = load_dataset(name, data_dir=data_dir, dtype=dtype)
-    X, y = data.X, data.Y.squeeze(-1)
-    n = len(X)
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    n_train = int(n * TRAIN_FRACTION)
-    train, test = order[:n_train], order[n_train:]
-    x_mean, x_std = X[train].mean(0), X[train].std(0)
-    x_std = torch.where(x_std > 0, x_std, torch.ones_like(x_std))
-    y_mean, y_std = y[train].mean(), y[train].std()
+    split = make_standardized_split(data.X, data.Y, seed, train_fraction=TRAIN_FRACTION)
     return {
-        "train_X": (X[train] - x_mean) / x_std,
-        "train_y": (y[train] - y_mean) / y_std,
-        "test_X": (X[test] - x_mean) / x_std,
-        "test_y": (y[test] - y_mean) / y_std,
-        "y_std": y_std.item(),
+        "train_X": split.train_X,
+        "train_y": split.train_Y.squeeze(-1),
+        "test_X": split.test_X,
+        "test_y": split.test_Y.squeeze(-1),
+        "y_std": split.y_std.item(),
     }
 
 
@@ -329,7 +332,7 @@ RUNNERS = {
 def summarize(runs: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (dataset, model), group in runs.groupby(["dataset", "model"], sort=False):
-        paper_rmse, paper_std = PAPER_RMSE[dataset][model]
+        paper_rmse, paper_std = PAPER_RMSE.get(dataset, NO_PAPER)[model]
         rmse = group["rmse"].mean()
         rows.append(
             {
@@ -350,7 +353,7 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
                 "paper_rmse": paper_rmse,
                 "paper_rmse_std": paper_std,
                 "rel_diff_vs_paper": rmse / paper_rmse - 1.0,
-                "paper_epoch_s": PAPER_EPOCH_S[dataset].get(model, float("nan")),
+                "paper_epoch_s": PAPER_EPOCH_S.get(dataset, {}).get(model, float("nan")),
             }
         )
     return pd.DataFrame(rows)
@@ -365,10 +368,16 @@ def markdown(summary: pd.DataFrame, info: dict, args) -> str:
     for row in summary.itertuples():
         std = "" if math.isnan(row.rmse_std) else f" ± {row.rmse_std:.3f}"
         paper_t = "–" if math.isnan(row.paper_epoch_s) else f"{row.paper_epoch_s:.3f}"
+        paper = "–"
+        if not math.isnan(row.paper_rmse):
+            paper = f"{row.paper_rmse:.3f} ± {row.paper_rmse_std:.3f}"
+        relative = "–"
+        if not math.isnan(row.rel_diff_vs_paper):
+            relative = f"{100 * row.rel_diff_vs_paper:+.1f}%"
         lines.append(
             f"| {row.dataset} | {row.n_train} | {row.d} | {row.label} | {row.seeds} "
-            f"| {row.rmse_mean:.3f}{std} | {row.paper_rmse:.3f} ± {row.paper_rmse_std:.3f} "
-            f"| {100 * row.rel_diff_vs_paper:+.1f}% | {row.epoch_s_mean:.2f} | {paper_t} |"
+            f"| {row.rmse_mean:.3f}{std} | {paper} "
+            f"| {relative} | {row.epoch_s_mean:.2f} | {paper_t} |"
         )
     lines += [
         "",
@@ -389,7 +398,7 @@ def plot(summary: pd.DataFrame, path: Path) -> None:
         xs = [i + (k - 1) * width for i in range(len(datasets))]
         ours = [part["rmse_mean"].get(d, float("nan")) for d in datasets]
         err = [part["rmse_std"].get(d, float("nan")) for d in datasets]
-        paper = [PAPER_RMSE[d][model][0] for d in datasets]
+        paper = [PAPER_RMSE.get(d, NO_PAPER)[model][0] for d in datasets]
         bars = axes[0].bar(xs, ours, width, yerr=err, label=f"{LABELS[model]} (ours)")
         axes[0].scatter(xs, paper, marker="_", s=400, color="k", zorder=3)
         times = [part["epoch_s_mean"].get(d, float("nan")) for d in datasets]
@@ -463,6 +472,10 @@ def main() -> None:
     parser.add_argument("--dtype", choices=("float64", "float32"), default="float64")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--data-dir", default=None, help="default: $STREAMGP_DATA")
+    parser.add_argument(
+        "--data", type=Path, default=None, help="a CSV file of your own instead of --datasets"
+    )
+    parser.add_argument("--target", default=None, help="the target column of --data")
     parser.add_argument("--quick", action="store_true", help="2 epochs, seed 0, elevators")
     parser.add_argument("--resume", action="store_true", help="keep the runs in runs.csv")
     parser.add_argument(
@@ -473,9 +486,16 @@ def main() -> None:
         args.epochs, args.seeds, args.datasets = 2, "0", "elevators"
         args.out = args.out / "quick"
     args.datasets = [d for d in args.datasets.split(",") if d]
+    if args.data is not None:
+        if args.target is None:
+            raise SystemExit("--data needs --target (the name of the target column)")
+        args.datasets = [args.data.name.removesuffix(".gz").removesuffix(".csv")]
+    elif args.target is not None:
+        raise SystemExit("--target goes with --data")
     args.models = [m for m in args.models.split(",") if m]
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
-    bad = sorted(set(args.datasets) - set(DATASETS)) + sorted(set(args.models) - set(MODELS))
+    known = set(DATASETS) | (set() if args.data is None else set(args.datasets))
+    bad = sorted(set(args.datasets) - known) + sorted(set(args.models) - set(MODELS))
     if bad:
         raise SystemExit(f"unknown datasets/models {bad}")
     torch.set_num_threads(args.threads)
@@ -491,7 +511,7 @@ def main() -> None:
             for seed in args.seeds:
                 if (dataset, model, seed) in done:
                     continue
-                split = make_split(dataset, seed, args.data_dir, dtype)
+                split = make_split(load(dataset, args, dtype), seed)
                 result = RUNNERS[model](split, seed, args)
                 row = {
                     "dataset": dataset,
