@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import math
+import re
+import warnings
 
 import pytest
 import torch
@@ -20,7 +22,12 @@ from gpytorch.means import ConstantMean, LinearMean, ZeroMean
 from gpytorch.mlls import ExactMarginalLogLikelihood
 
 from streamgp.linalg.grid_kernel import cholesky_with_jitter
-from streamgp.models.softki import SoftKIGP, hutchinson_pseudo_loss
+from streamgp.models.softki import (
+    SMALL_NOISE_RATIO,
+    SmallFixedNoiseWarning,
+    SoftKIGP,
+    hutchinson_pseudo_loss,
+)
 
 DTYPE = torch.float64
 
@@ -501,7 +508,7 @@ def test_constant_mean_survives_warm_start_and_checkpoint():
 
 # ------------------------------------------------ fixed temperature and fixed noise
 def _fit_both_ways(model):
-    model.fit(num_epochs=3, batch_size=20, lr=0.05, seed=0)
+    model.fit(num_epochs=3, batch_size=20, lr=0.05, seed=0, check_noise=False)
     fit_gpytorch_mll(
         ExactMarginalLogLikelihood(model.likelihood, model),
         optimizer_kwargs={"options": {"maxiter": 30}},
@@ -546,8 +553,8 @@ def test_constructor_options_equal_the_manual_way():
     likelihood.noise = 1e-3
     old = SoftKIGP(X, Y, **options, likelihood=likelihood)
     old.raw_temperature.requires_grad_(False)
-    new.fit(num_epochs=3, batch_size=20, seed=0)
-    old.fit(num_epochs=3, batch_size=20, seed=0, learn_noise=False)
+    new.fit(num_epochs=3, batch_size=20, seed=0, check_noise=False)
+    old.fit(num_epochs=3, batch_size=20, seed=0, learn_noise=False, check_noise=False)
     assert _same(_state(new), _state(old))
 
 
@@ -569,3 +576,47 @@ def test_fixed_noise_admitted_by_the_likelihood():
     fixed = SoftKIGP(X, Y, num_inducing=5, likelihood=given, learn_noise=False)
     assert torch.equal(fixed.noise_variance, before.reshape(()))  # the likelihood's own value
     assert not copy.deepcopy(fixed).learn_noise
+
+
+def _nll(model, X, Y):
+    posterior = model.posterior(X, observation_noise=True)
+    mean, variance = posterior.mean, posterior.variance
+    return (0.5 * ((Y - mean).square() / variance + (2 * math.pi * variance).log())).mean()
+
+
+def test_small_fixed_noise_warns_and_its_variances_are_too_small():
+    X, Y = make_data(400, d=3, noise=0.3)
+    Xt, Yt = make_data(400, d=3, noise=0.3)
+    paper = SoftKIGP(X, Y, num_inducing=32, noise=1e-3, learn_noise=False)
+    with pytest.warns(
+        SmallFixedNoiseWarning, match=r"fixed noise variance 0.001 is \d+x below"
+    ) as w:
+        paper.fit(num_epochs=5, batch_size=100, lr=0.02, seed=0)
+    # The figure it reports: the residuals' mean square in the transformed (standardised)
+    # units of the noise, over all rows (n < NOISE_CHECK_ROWS).
+    reported = float(re.search(r"mean square ([0-9.e+-]+):", str(w[0].message)).group(1))
+    with torch.no_grad():
+        std = paper.outcome_transform.stdvs.reshape(())
+        expected = ((Y - paper.posterior(X).mean) / std).square().mean().item()
+    assert reported == pytest.approx(expected, rel=1e-2) and expected > SMALL_NOISE_RATIO * 1e-3
+    learned = SoftKIGP(X, Y, num_inducing=32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SmallFixedNoiseWarning)
+        learned.fit(num_epochs=5, batch_size=100, lr=0.02, seed=0)  # learned: no check
+    # What the warning says is true: the fixed-noise model's test NLL is far worse.
+    assert _nll(paper, Xt, Yt) > 5 and _nll(learned, Xt, Yt) < 1.5
+    # A fixed noise near the residuals' mean square does not warn; nor does check_noise=False.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SmallFixedNoiseWarning)
+        near = SoftKIGP(X, Y, num_inducing=32, noise=0.1, learn_noise=False)
+        near.fit(num_epochs=5, batch_size=100, lr=0.02, seed=0)
+        SoftKIGP(X, Y, num_inducing=32, noise=1e-3, learn_noise=False).fit(
+            num_epochs=1, batch_size=100, seed=0, check_noise=False
+        )
+    # fit(learn_noise=False) holds the noise fixed too, so it checks.
+    manual = SoftKIGP(X, Y, num_inducing=32)
+    manual.likelihood.noise = 2e-4
+    with pytest.warns(SmallFixedNoiseWarning):
+        manual.fit(num_epochs=1, batch_size=100, seed=0, learn_noise=False)
+    with pytest.raises(TypeError, match="check_noise"):
+        manual.fit(check_noise=None)

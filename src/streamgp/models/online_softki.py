@@ -94,7 +94,7 @@ from streamgp.utils.validation import check_count, check_grid_model_data, check_
 #: Epochs of SoftKI's Algorithm 1 run on the constructor's batch by default.
 DEFAULT_PRETRAIN_EPOCHS = 50
 #: ``SoftKIGP.fit`` options the model sets itself (not through ``pretrain_options``).
-_RESERVED_FIT_OPTIONS = ("num_epochs",)
+_RESERVED_FIT_OPTIONS = ("num_epochs", "check_noise")
 
 
 class FarFromPointsWarning(UserWarning):
@@ -441,7 +441,8 @@ class OnlineSoftKIGP(WiskiGP):
             seed=seed,
         )
         if num_epochs > 0:
-            softki.fit(num_epochs=num_epochs, **fit_options)
+            # Known noise is the data's (pretraining holds its mean fixed): no check.
+            softki.fit(num_epochs=num_epochs, check_noise=False, **fit_options)
         return softki.inducing_points.detach().clone(), softki.temperature.detach().clone()
 
     # ------------------------------------------------------------ raw data
