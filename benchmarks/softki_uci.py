@@ -499,6 +499,10 @@ def main() -> None:
     if bad:
         raise SystemExit(f"unknown datasets/models {bad}")
     torch.set_num_threads(args.threads)
+    # The table's labels name the sizes actually run.
+    LABELS.update(
+        softki=f"SoftKI-{args.softki_m}", sgpr=f"SGPR-{args.sgpr_m}", svgp=f"SVGP-{args.svgp_m}"
+    )
     dtype = getattr(torch, args.dtype)
     args.out.mkdir(parents=True, exist_ok=True)
     runs_path = args.out / "runs.csv"

@@ -55,7 +55,7 @@ def test_data_and_target_run_the_protocol_on_a_csv(tmp_path, monkeypatch):
     mean = model.posterior(split.test_X).mean
     rmse = (mean - split.test_Y).square().mean().sqrt().item()
     assert runs["rmse"].item() == pytest.approx(rmse, rel=1e-10)
-    assert "| mine | 108 | 3 |" in (out / "softki_uci.md").read_text()
+    assert "| mine | 108 | 3 | SoftKI-8 | 1 |" in (out / "softki_uci.md").read_text()
 
 
 def test_data_needs_target(monkeypatch, tmp_path):
