@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
@@ -55,7 +56,16 @@ def test_data_and_target_run_the_protocol_on_a_csv(tmp_path, monkeypatch):
     mean = model.posterior(split.test_X).mean
     rmse = (mean - split.test_Y).square().mean().sqrt().item()
     assert runs["rmse"].item() == pytest.approx(rmse, rel=1e-10)
-    assert "| mine | 108 | 3 | SoftKI-8 | 1 |" in (out / "softki_uci.md").read_text()
+    table = (out / "softki_uci.md").read_text()
+    assert "| mine | 108 | 3 | SoftKI-8 | 1 |" in table
+    # The calibrated noise: the training residuals' mean square, and the NLL it gives.
+    model.calibrate_noise()
+    posterior = model.posterior(split.test_X, observation_noise=True)
+    mean, variance = posterior.mean, posterior.variance
+    nll = 0.5 * ((mean - split.test_Y).square() / variance + (2 * math.pi * variance).log())
+    assert runs["nll_calibrated"].item() == pytest.approx(nll.mean().item(), rel=1e-8)
+    assert runs["nll_calibrated"].item() < runs["nll"].item()
+    assert f"mine: NLL {runs['nll'].item():.3g} -> {runs['nll_calibrated'].item():.3g}" in table
 
 
 def test_data_needs_target(monkeypatch, tmp_path):

@@ -620,3 +620,32 @@ def test_small_fixed_noise_warns_and_its_variances_are_too_small():
         manual.fit(num_epochs=1, batch_size=100, seed=0, learn_noise=False)
     with pytest.raises(TypeError, match="check_noise"):
         manual.fit(check_noise=None)
+
+
+def test_calibrate_noise_sets_the_residual_mean_square_and_repairs_the_nll():
+    X, Y = make_data(400, d=3, noise=0.3)
+    Xt, Yt = make_data(400, d=3, noise=0.3)
+    model = SoftKIGP(X, Y, num_inducing=32, noise=1e-3, learn_noise=False)
+    model.fit(num_epochs=5, batch_size=100, lr=0.02, seed=0, check_noise=False)
+    # Oracle: the residuals at the training inputs, in the standardised units of the noise.
+    with torch.no_grad():
+        std = model.outcome_transform.stdvs.reshape(())
+        expected = ((Y - model.posterior(X).mean) / std).square().mean().item()
+        rmse_before = (model.posterior(Xt).mean - Yt).square().mean().sqrt().item()
+    nll_before = _nll(model, Xt, Yt).item()
+    value = model.calibrate_noise()
+    assert value == pytest.approx(expected, rel=1e-6)  # (through the softplus constraint)
+    assert model.noise_variance.item() == value
+    assert not model.learn_noise  # still fixed
+    with torch.no_grad():
+        rmse_after = (model.posterior(Xt).mean - Yt).square().mean().sqrt().item()
+    assert nll_before > 5 and _nll(model, Xt, Yt).item() < 1.0
+    assert abs(rmse_after / rmse_before - 1) < 0.1
+    # A floor above the residuals: refused, the model unchanged.
+    floor = GaussianLikelihood(noise_constraint=GreaterThan(5.0)).to(X)
+    floor.noise = 6.0
+    high = SoftKIGP(X, Y, num_inducing=32, likelihood=floor, learn_noise=False)
+    state = _state(high)
+    with pytest.raises(ValueError, match="noise floor 5"):
+        high.calibrate_noise()
+    assert _same(state, _state(high))

@@ -138,8 +138,9 @@ class SmallFixedNoiseWarning(UserWarning):
     SoftKI's paper fixes the noise at ``1e-3`` (good for the RMSE), but then the
     predictive variances are those of an almost noiseless model: the test NLL of
     :class:`SoftKIGP` with ``noise=1e-3, learn_noise=False`` was 69 on elevators and
-    204 on protein (0.5 and 1.0 with SGPR / SVGP). Learn the noise, or fix it near the
-    residuals' mean square, where calibrated variances matter (BO, active learning).
+    204 on protein (0.5 and 1.0 with SGPR / SVGP). :meth:`SoftKIGP.calibrate_noise`
+    after the fit sets the noise to the training residuals' mean square (elevators:
+    NLL 74.5 -> 0.53 at the same RMSE); or learn the noise.
     """
 
 
@@ -417,7 +418,7 @@ class SoftKIGP(
             protocol, ``noise=1e-3, learn_noise=False``. A noise far below the data's
             makes the predictive variances far too small (test NLL of 15-200 where a
             learned noise gives about 1): :meth:`fit` then warns
-            (:class:`SmallFixedNoiseWarning`).
+            (:class:`SmallFixedNoiseWarning`) and :meth:`calibrate_noise` repairs them.
         squared_distance: Weights ``exp(-||x - z||^2 / T)`` instead of the paper's
             ``exp(-||x - z|| / T)``.
         seed: Seed of the k-means++ initialisation.
@@ -775,22 +776,71 @@ class SoftKIGP(
             self._warn_if_noise_small()
         return history
 
+    def _residual_mean_square(self, rows: Tensor | None = None) -> float:
+        r"""Mean square of the training residuals ``y - E[f(x)]`` (transformed space)."""
+        X, y = self.train_X_t, self.train_y_t
+        if rows is not None:
+            X, y = X[rows], y[rows]
+        total = 0.0
+        with torch.no_grad():
+            for X_c, y_c in zip(X.split(QR_CHUNK), y.split(QR_CHUNK), strict=True):
+                total += (y_c - self.forward(X_c).mean).square().sum().item()
+        return total / len(y)
+
+    def calibrate_noise(self) -> float:
+        r"""Set the noise variance to the mean square of the training residuals.
+
+        For the paper's fixed-noise protocol (``noise=1e-3, learn_noise=False``), whose
+        tiny noise gives good RMSE but predictive variances far too small: after
+        :meth:`fit`, the noise becomes the mean square of ``y - E[f(x)]`` over all
+        training rows, so that ``posterior(X, observation_noise=True)`` has about the
+        right variance. Measured on elevators (Table 1 protocol, seed 0, m = 512, 50
+        epochs): test RMSE 0.398 -> 0.400 and test NLL 74.5 -> 0.53 (SGPR: 0.52). The
+        noise stays fixed (or learned) as before. Costs ``O(n m^2)`` (the factorisation
+        predictions need) plus ``O(n m)``. Training residuals understate the error of a
+        model that interpolates its data (``m`` near ``n``).
+
+        Returns:
+            The new noise variance (transformed output space).
+
+        Raises:
+            ValueError: If the mean square is not above the likelihood's noise floor
+                (the model is then unchanged).
+
+        Example:
+            >>> X = torch.rand(200, 3, dtype=torch.float64)
+            >>> Y = torch.sin(3 * X).sum(-1, keepdim=True) + 0.2 * torch.randn(200, 1).double()
+            >>> model = SoftKIGP(X, Y, num_inducing=16, noise=1e-3, learn_noise=False)
+            >>> _ = model.fit(num_epochs=2, batch_size=50, seed=0, check_noise=False)
+            >>> noise = model.calibrate_noise()
+            >>> bool(model.noise_variance.item() == noise > 1e-3)
+            True
+        """
+        value = self._residual_mean_square()
+        lower = self.likelihood.noise_covar.raw_noise_constraint.lower_bound.max().item()
+        if not value > lower:
+            raise ValueError(
+                f"The training residuals' mean square {value:.3g} is not above the "
+                f"likelihood's noise floor {lower:g} (a model that interpolates its data?); "
+                "the noise is unchanged."
+            )
+        with torch.no_grad():
+            self.likelihood.noise = value
+        return self.noise_variance.item()
+
     def _warn_if_noise_small(self) -> None:
         r"""Warn if the noise variance is far below the training residuals' mean square."""
         n = self.train_y_t.shape[-1]
         rows = torch.linspace(0, n - 1, min(n, NOISE_CHECK_ROWS), device=self.train_y_t.device)
-        rows = rows.round().long()
-        with torch.no_grad():
-            mean = self.forward(self.train_X_t[rows]).mean
-            residual = (self.train_y_t[rows] - mean).square().mean().item()
-            noise = self.noise_variance.item()
+        residual = self._residual_mean_square(rows.round().long())
+        noise = self.noise_variance.item()
         if residual > SMALL_NOISE_RATIO * noise:
             warnings.warn(
                 f"The fixed noise variance {noise:.3g} is {residual / noise:.0f}x below the "
                 f"training residuals' mean square {residual:.3g}: predictive variances "
-                "will be far too small (test NLL far above a learned noise's). Learn the "
-                "noise (learn_noise=True) or fix it near the residuals' mean square where "
-                "calibrated variances matter.",
+                "will be far too small (test NLL far above a learned noise's). Call "
+                "calibrate_noise() before predicting, or learn the noise (learn_noise=True) "
+                "where calibrated variances matter.",
                 SmallFixedNoiseWarning,
                 stacklevel=3,
             )
