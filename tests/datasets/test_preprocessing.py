@@ -4,7 +4,9 @@ import torch
 from streamgp.datasets import (
     StreamingSplit,
     TabularData,
+    load_csv,
     load_streaming_split,
+    make_standardized_split,
     make_streaming_split,
     synthetic_classification,
     synthetic_regression,
@@ -148,3 +150,76 @@ def test_shared_banana_keeps_its_400_training_points(shared_data):
     other = load_streaming_split("banana", seed=6, data_dir=shared_data)
     assert not torch.equal(split.train_index, other.train_index)  # only the order changes
     assert sorted(split.train_index.tolist()) == sorted(other.train_index.tolist())
+
+
+# ---------------------------------------------- SoftKI's Table 1 protocol on user arrays
+def test_standardized_split_is_the_paper_protocol():
+    X = torch.rand(101, 3, dtype=torch.float64) * torch.tensor([1.0, 10.0, 100.0]) + 5
+    X[:, 1] = 2.0  # a constant column is shifted only
+    Y = (X[:, :1] ** 2).numpy()  # numpy arrays are accepted
+    split = make_standardized_split(X.numpy(), Y, seed=3)
+    # Oracle: the permutation written out, statistics of the training rows only.
+    order = torch.randperm(101, generator=torch.Generator().manual_seed(3))
+    train, test = order[:90], order[90:]
+    assert torch.equal(split.train_index, train) and torch.equal(split.test_index, test)
+    y = torch.as_tensor(Y).squeeze(-1)
+    mu, sd = X[train].mean(0), X[train].std(0)
+    sd[1] = 1.0
+    torch.testing.assert_close(split.test_X, (X[test] - mu) / sd, rtol=0, atol=1e-12)
+    torch.testing.assert_close(split.x_std, sd)
+    expected_y = (y[test] - y[train].mean()) / y[train].std()
+    torch.testing.assert_close(split.test_Y.squeeze(-1), expected_y, rtol=0, atol=1e-12)
+    assert split.train_X.shape == (90, 3) and split.train_Y.shape == (90, 1)
+    torch.testing.assert_close(split.train_Y.mean(), torch.tensor(0.0, dtype=torch.float64))
+    torch.testing.assert_close(split.train_Y.std(), torch.tensor(1.0, dtype=torch.float64))
+    assert (split.train_X[:, 1] == 0).all() and (split.train_X[:, 0].std() - 1).abs() < 1e-12
+    torch.testing.assert_close(split.unstandardize_Y(split.test_Y).squeeze(-1), y[test])
+    # Deterministic in the seed; dtype follows a float32 X.
+    again = make_standardized_split(X.float(), torch.as_tensor(Y).float(), seed=3)
+    assert torch.equal(again.test_index, test) and again.train_X.dtype == torch.float32
+    assert not torch.equal(make_standardized_split(X, Y, seed=4).test_index, test)
+
+
+@pytest.mark.parametrize(
+    "args,kwargs,error,match",
+    [
+        ((torch.rand(10), torch.rand(10)), {}, ValueError, "X must be n x d"),
+        ((torch.rand(10, 2), torch.rand(9)), {}, ValueError, "Y must be n"),
+        ((torch.rand(10, 2), torch.rand(10, 2)), {}, ValueError, "Y must be n"),
+        ((torch.full((10, 2), float("nan")), torch.rand(10)), {}, ValueError, "X contains"),
+        ((torch.rand(10, 2), torch.rand(10)), {"seed": 1.5}, TypeError, "seed"),
+        ((torch.rand(10, 2), torch.rand(10)), {"train_fraction": 1.0}, ValueError, "train_f"),
+        ((torch.rand(2, 2), torch.rand(2)), {}, ValueError, "too few"),
+        ((["a", "b"], torch.rand(2)), {}, TypeError, "X must be"),
+    ],
+)
+def test_standardized_split_rejects_bad_input(args, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        make_standardized_split(*args, **kwargs)
+
+
+def test_load_csv_reads_a_table_of_your_own(tmp_path):
+    path = tmp_path / "tiny.csv"
+    path.write_text("a,b,label,c\n1,2,0.5,3\n4,5,1.5,6\n7,8,2.5,9\n")
+    data = load_csv(path, target="label")
+    assert (data.name, data.task, data.is_test) == ("tiny", "regression", None)
+    assert data.X.tolist() == [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    assert data.Y.tolist() == [[0.5], [1.5], [2.5]]
+    assert load_csv(path, target="label", features=["c", "a"]).X[:, 0].tolist() == [3, 6, 9]
+    for kwargs, error, match in [
+        ({"target": "y"}, ValueError, "target 'y'"),
+        ({"target": "label", "features": ["a", "z"]}, ValueError, "features"),
+        ({"target": "label", "features": ["label"]}, ValueError, "features"),
+        ({"target": "label", "features": []}, ValueError, "features"),
+    ]:
+        with pytest.raises(error, match=match):
+            load_csv(path, **kwargs)
+    with pytest.raises(FileNotFoundError, match="path"):
+        load_csv(tmp_path / "missing.csv", target="label")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,y\n1,2\nx,3\n")
+    with pytest.raises(ValueError, match="not all numeric"):
+        load_csv(bad, target="y")
+    bad.write_text("a,y\n1,2\n,3\n")
+    with pytest.raises(ValueError, match="missing"):
+        load_csv(bad, target="y")

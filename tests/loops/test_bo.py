@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from torch.quasirandom import SobolEngine
 
 from streamgp.loops import AcquisitionOptions, BayesOptLoop, make_test_function
 from streamgp.loops.bo import TEST_FUNCTIONS
@@ -183,3 +184,34 @@ def test_softki_loop_runs_in_six_dimensions():
     history = loop.run(2)
     assert list(history["num_observations"]) == [5, 7, 9]
     assert loop.surrogate.model.num_train == 9
+
+
+def test_softki_with_moving_points_moves_them_and_resumes_exactly(tmp_path):
+    def make():
+        return BayesOptLoop(
+            make_test_function("hartmann", dim=3),
+            model="softki",
+            acquisition="qlogei",
+            q=2,
+            num_init=5,
+            fit_every=1,
+            fit_max_iter=5,
+            acquisition_options=TINY,
+            model_options={"num_inducing": 32, "moving_points": True},
+        )
+
+    columns = ["step", "num_observations", "best_value", "best_observed"]
+    full = make()
+    history = full.run(3)
+    # The entry builds on its Sobol design (seed 0), then redraws it at every refit.
+    build = SobolEngine(3, scramble=True, seed=0).draw(32, dtype=torch.float64)
+    assert full.surrogate.model.num_inducing == 32
+    assert torch.cdist(full.surrogate.model.inducing_points, build).min(-1).values.max() > 1e-3
+    X, _, _ = full.surrogate.model.kept_data()
+    assert len(X) == 11  # every observation is kept for the redraws
+    make().run(1, checkpoint=tmp_path / "bo.pt")
+    resumed = make().load(tmp_path / "bo.pt")
+    assert resumed.run(3)[columns].equals(history[columns])
+    assert torch.equal(
+        resumed.surrogate.model.inducing_points, full.surrogate.model.inducing_points
+    )

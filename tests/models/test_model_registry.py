@@ -1,15 +1,20 @@
 """The model registry: entries, options, capabilities, and every entry through the adapter."""
 
+import copy
+import math
+
 import pytest
 import torch
 from botorch.models import SingleTaskGP
 
+from streamgp.inducing.kmeans import KMeansSelector
 from streamgp.loops.surrogates import Surrogate
 from streamgp.models.registry import (
     CAPABILITIES,
     ModelSpec,
     choose_model,
     get_model_spec,
+    points_around_incumbent,
     register_model,
     registered_models,
     unregister_model,
@@ -109,3 +114,53 @@ def test_choose_model_follows_the_documented_rule():
     assert [choose_model(d) for d in (1, 2, 3, 4, 20)] == ["wiski"] * 3 + ["wiski-additive"] * 2
     with pytest.raises(ValueError, match="dim"):
         choose_model(0)
+
+
+# ------------------------------------------------ softki: points that follow the search
+def test_points_around_incumbent_are_local_data_and_global():
+    X, _ = _data(40, dim=3)
+    incumbent = torch.tensor([0.95, 0.5, 0.02], dtype=DT)  # the box is shifted into the cube
+    Z = points_around_incumbent(X, incumbent, 40, seed=3, width=0.2)
+    assert Z.shape == (40, 3) and ((Z >= 0) & (Z <= 1)).all()
+    lower = torch.tensor([0.8, 0.4, 0.0], dtype=DT)
+    assert ((Z[:20] >= lower) & (Z[:20] <= lower + 0.2)).all()  # half in the local box
+    torch.testing.assert_close(Z[20:30], KMeansSelector(num_inducing=10, seed=3).update(X))
+    assert not ((Z[30:] >= lower) & (Z[30:] <= lower + 0.2)).all()  # the rest: the cube
+    assert torch.equal(Z, points_around_incumbent(X, incumbent, 40, seed=3, width=0.2))
+    assert points_around_incumbent(X[:2], incumbent, 40, seed=3).shape == (40, 3)  # n < 10
+    for kwargs, match in [({"width": 0.0}, "width"), ({"num": 0}, "num")]:
+        with pytest.raises(ValueError, match=match):
+            points_around_incumbent(X, incumbent, **{"num": 8, "seed": 0, **kwargs})
+
+
+def test_softki_moving_points_are_drawn_around_the_incumbent_at_each_refit():
+    X, Y = _data(40, dim=2)
+    fixed = Surrogate("softki", X[:10], Y[:10], num_inducing=24)
+    moving = Surrogate("softki", X[:10], Y[:10], num_inducing=24, moving_points=True)
+    start = moving.model.inducing_points.clone()
+    assert torch.equal(start, fixed.model.inducing_points)  # the same Sobol design at build
+    for s in (fixed, moving):
+        s.update(X[10:30], Y[10:30])
+    before = copy.deepcopy(moving.model)
+    moving.fit(max_iter=3)
+    fixed.fit(max_iter=3)
+    assert torch.equal(fixed.model.inducing_points, start)  # the default: fixed points
+    # Oracle: the incumbent is the kept input of highest posterior mean before the refit.
+    with torch.no_grad():
+        incumbent = X[:30][before.posterior(X[:30].unsqueeze(-2)).mean.reshape(-1).argmax()]
+    expected = points_around_incumbent(X[:30], incumbent, 24, seed=0 + 30)
+    torch.testing.assert_close(moving.model.inducing_points, expected, rtol=0, atol=0)
+    distance = torch.cdist(expected, expected).fill_diagonal_(math.inf).min(-1).values.median()
+    assert moving.model.temperature.item() == pytest.approx(0.5 * distance.item())
+    # A resumed loop draws the same points at the next refit and predicts the same.
+    resumed = Surrogate("softki", X[:10], Y[:10], num_inducing=24, moving_points=True)
+    resumed.load_state_dict(moving.state_dict())
+    test_X = torch.rand(5, 2, dtype=DT)
+    for s in (moving, resumed):
+        s.update(X[30:], Y[30:])
+        s.fit(max_iter=3)
+    assert torch.equal(moving.model.inducing_points, resumed.model.inducing_points)
+    means = [s.model.posterior(test_X).mean for s in (moving, resumed)]
+    torch.testing.assert_close(means[0], means[1], rtol=1e-9, atol=1e-9)
+    with pytest.raises(TypeError, match="moving_points"):
+        Surrogate("softki", X[:10], Y[:10], moving_points=1)

@@ -748,3 +748,65 @@ def test_an_observation_far_from_the_points_warns():
     with pytest.warns(FarFromPointsWarning, match="far outside the region"):
         model.observe(far, torch.tensor([[50.0]], dtype=torch.float64))
     assert model.num_train == 34  # absorbed (and said), not lost
+
+
+# ------------------------------------------------------------- moving the points
+@pytest.mark.usefixtures("ski_prior_variance")
+def test_set_points_equals_a_model_built_on_the_kept_data_with_those_points():
+    X, Y = make_data(80)
+    model = frozen(X[:50], Y[:50], torch.rand(10, D, dtype=DTYPE), keep_data=True)
+    model.observe(X[50:], Y[50:])
+    Z = torch.rand(17, D, dtype=DTYPE)
+    hyper = {k: v.clone() for k, v in model.state_dict().items() if not model.is_data_key(k)}
+    assert model.set_points(Z, 0.07) is model
+    assert model.num_inducing == 17 and model.temperature.item() == pytest.approx(0.07)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in hyper.items())  # unchanged
+    rebuilt = OnlineSoftKIGP(
+        X,
+        Y,
+        likelihood=likelihood(),
+        covar_module=kernel(),
+        input_transform=Normalize(D, bounds=BOUNDS),
+        outcome_transform=None,
+        mean_module=ZeroMean(),
+        inducing_points=Z,
+        temperature=0.07,
+        pretrain_epochs=0,
+    )
+    Xs = torch.rand(5, D, dtype=DTYPE)
+    assert_same_posterior(model, rebuilt, Xs)
+    # ... and the dense SoftKI closed form on all (transformed) data with the new points.
+    mean, covar, mll = dense(model, normalized(X), Y.squeeze(-1), normalized(Xs))
+    posterior = model.posterior(Xs)
+    torch.testing.assert_close(posterior.mean.squeeze(-1), mean, atol=1e-8, rtol=0)
+    torch.testing.assert_close(posterior.covariance_matrix, covar, atol=1e-8, rtol=0)
+    torch.testing.assert_close(model.fit_objective()[0], mll, atol=1e-8, rtol=0)
+    # The stream goes on from the moved points; None keeps the temperature.
+    model.observe(X[:3], Y[:3])
+    model.set_points(Z[:9])
+    assert model.temperature.item() == pytest.approx(0.07) and model.num_inducing == 9
+
+
+def test_set_points_refuses_bad_input_and_leaves_the_model_unchanged():
+    X, Y = make_data(30)
+    model = frozen(X, Y, torch.rand(10, D, dtype=DTYPE), keep_data=True)
+    model.posterior(X[:2])
+    before, Z = _snapshot(model), torch.rand(6, D, dtype=DTYPE)
+    for call, error, match in [
+        (lambda: model.set_points(Z.float()), TypeError, "points"),
+        (lambda: model.set_points(Z[:, :2]), ValueError, "points"),
+        (lambda: model.set_points(Z[:0]), ValueError, "points"),
+        (lambda: model.set_points(Z * math.nan), ValueError, "points"),
+        (lambda: model.set_points(Z, -1.0), ValueError, "temperature"),
+        (lambda: model.set_points(Z, torch.tensor([0.1, 0.2])), ValueError, "temperature"),
+    ]:
+        with pytest.raises(error, match=match):
+            call()
+        after = _snapshot(model)
+        assert before.keys() == after.keys() and all(
+            torch.equal(before[k], after[k]) for k in before
+        )
+    with pytest.raises(RuntimeError, match="keep_data"):
+        frozen(X, Y, Z).set_points(Z)
+    with pytest.raises(RuntimeError, match="condition_on_observations"):
+        model.condition_on_observations(X[:2], Y[:2]).set_points(Z)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import math
+import re
+import warnings
 
 import pytest
 import torch
@@ -20,7 +22,12 @@ from gpytorch.means import ConstantMean, LinearMean, ZeroMean
 from gpytorch.mlls import ExactMarginalLogLikelihood
 
 from streamgp.linalg.grid_kernel import cholesky_with_jitter
-from streamgp.models.softki import SoftKIGP, hutchinson_pseudo_loss
+from streamgp.models.softki import (
+    SMALL_NOISE_RATIO,
+    SmallFixedNoiseWarning,
+    SoftKIGP,
+    hutchinson_pseudo_loss,
+)
 
 DTYPE = torch.float64
 
@@ -307,6 +314,11 @@ def _same(a, b):
         ({"train_Yvar": torch.full((10, 1), 0.1, dtype=DTYPE)}, ValueError, "train_Yvar"),
         ({"num_inducing": 0}, ValueError, "num_inducing"),
         ({"temperature": -1.0}, ValueError, "temperature"),
+        ({"learn_temperature": 0}, TypeError, "learn_temperature"),
+        ({"learn_noise": "no"}, TypeError, "learn_noise"),
+        ({"noise": 0.0}, ValueError, "noise"),
+        ({"noise": math.nan}, ValueError, "noise"),
+        ({"noise": True}, ValueError, "noise"),
         ({"inducing_points": torch.rand(4, 3, dtype=DTYPE)}, ValueError, "inducing_points"),
         ({"likelihood": "noise"}, TypeError, "likelihood"),
         ({"covar_module": 3}, TypeError, "covar_module"),
@@ -492,3 +504,148 @@ def test_constant_mean_survives_warm_start_and_checkpoint():
     Xs = torch.rand(5, 2, dtype=DTYPE)
     a, b = model.posterior(Xs), restored.posterior(Xs)
     assert torch.equal(a.mean, b.mean) and torch.equal(a.variance, b.variance)
+
+
+# ------------------------------------------------ fixed temperature and fixed noise
+def _fit_both_ways(model):
+    model.fit(num_epochs=3, batch_size=20, lr=0.05, seed=0, check_noise=False)
+    fit_gpytorch_mll(
+        ExactMarginalLogLikelihood(model.likelihood, model),
+        optimizer_kwargs={"options": {"maxiter": 30}},
+    )
+
+
+def test_fixed_temperature_and_noise_stay_fixed_through_both_fits():
+    X, Y = make_data(60, d=2, noise=0.2)
+    model = SoftKIGP(
+        X,
+        Y,
+        num_inducing=12,
+        temperature=0.2,
+        learn_temperature=False,
+        noise=1e-3,
+        learn_noise=False,
+    )
+    assert not model.learn_temperature and not model.learn_noise
+    temperature, noise = model.temperature.clone(), model.noise_variance.clone()
+    assert temperature.item() == pytest.approx(0.2) and noise.item() == pytest.approx(1e-3)
+    lengthscale = model.covar_module.lengthscale.clone()
+    _fit_both_ways(model)
+    assert torch.equal(model.temperature, temperature)
+    assert torch.equal(model.noise_variance, noise)
+    assert not torch.allclose(model.covar_module.lengthscale, lengthscale)  # the rest learns
+    # The default is unchanged: both are learned, by both fits.
+    default = SoftKIGP(X, Y, num_inducing=12, temperature=0.2, noise=1e-3)
+    assert default.learn_temperature and default.learn_noise
+    default.fit(num_epochs=3, batch_size=20, lr=0.05, seed=0)
+    after_adam = default.temperature.clone(), default.noise_variance.clone()
+    assert after_adam[0] != temperature and after_adam[1] != noise
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(default.likelihood, default))
+    assert default.temperature != after_adam[0] and default.noise_variance != after_adam[1]
+
+
+def test_constructor_options_equal_the_manual_way():
+    """``learn_*=False`` is exactly the old recipe: requires_grad off, fit(learn_noise=False)."""
+    X, Y = make_data(50, d=2, noise=0.2)
+    options = {"num_inducing": 10, "temperature": 1.0, "seed": 0}
+    new = SoftKIGP(X, Y, **options, learn_temperature=False, noise=1e-3, learn_noise=False)
+    likelihood = GaussianLikelihood(noise_constraint=GreaterThan(0.5e-3)).to(X)
+    likelihood.noise = 1e-3
+    old = SoftKIGP(X, Y, **options, likelihood=likelihood)
+    old.raw_temperature.requires_grad_(False)
+    new.fit(num_epochs=3, batch_size=20, seed=0, check_noise=False)
+    old.fit(num_epochs=3, batch_size=20, seed=0, learn_noise=False, check_noise=False)
+    assert _same(_state(new), _state(old))
+
+
+def test_fixed_noise_admitted_by_the_likelihood():
+    X, Y = make_data(20, d=2)
+    # A fixed noise below BoTorch's floor (1e-4) gets a default likelihood that admits it.
+    tiny = SoftKIGP(X, Y, num_inducing=5, noise=1e-6, learn_noise=False)
+    assert tiny.noise_variance.item() == pytest.approx(1e-6)
+    given = GaussianLikelihood(noise_constraint=GreaterThan(1e-2)).to(X)
+    before = given.noise.clone()
+    for kwargs, match in [
+        ({"noise": 1e-5}, "noise=1e-05 is not above"),  # learned, under the default floor
+        ({"noise": 1e-3, "likelihood": given}, "noise floor 0.01"),
+        ({"noise": 1e-3, "likelihood": given, "learn_noise": False}, "noise floor 0.01"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            SoftKIGP(X, Y, num_inducing=5, **kwargs)
+    assert torch.equal(given.noise, before) and given.noise_covar.raw_noise.requires_grad
+    fixed = SoftKIGP(X, Y, num_inducing=5, likelihood=given, learn_noise=False)
+    assert torch.equal(fixed.noise_variance, before.reshape(()))  # the likelihood's own value
+    assert not copy.deepcopy(fixed).learn_noise
+
+
+def _nll(model, X, Y):
+    posterior = model.posterior(X, observation_noise=True)
+    mean, variance = posterior.mean, posterior.variance
+    return (0.5 * ((Y - mean).square() / variance + (2 * math.pi * variance).log())).mean()
+
+
+def test_small_fixed_noise_warns_and_its_variances_are_too_small():
+    X, Y = make_data(400, d=3, noise=0.3)
+    Xt, Yt = make_data(400, d=3, noise=0.3)
+    paper = SoftKIGP(X, Y, num_inducing=32, noise=1e-3, learn_noise=False)
+    with pytest.warns(
+        SmallFixedNoiseWarning, match=r"fixed noise variance 0.001 is \d+x below"
+    ) as w:
+        paper.fit(num_epochs=5, batch_size=100, lr=0.02, seed=0)
+    # The figure it reports: the residuals' mean square in the transformed (standardised)
+    # units of the noise, over all rows (n < NOISE_CHECK_ROWS).
+    reported = float(re.search(r"mean square ([0-9.e+-]+):", str(w[0].message)).group(1))
+    with torch.no_grad():
+        std = paper.outcome_transform.stdvs.reshape(())
+        expected = ((Y - paper.posterior(X).mean) / std).square().mean().item()
+    assert reported == pytest.approx(expected, rel=1e-2) and expected > SMALL_NOISE_RATIO * 1e-3
+    learned = SoftKIGP(X, Y, num_inducing=32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SmallFixedNoiseWarning)
+        learned.fit(num_epochs=5, batch_size=100, lr=0.02, seed=0)  # learned: no check
+    # What the warning says is true: the fixed-noise model's test NLL is far worse.
+    assert _nll(paper, Xt, Yt) > 5 and _nll(learned, Xt, Yt) < 1.5
+    # A fixed noise near the residuals' mean square does not warn; nor does check_noise=False.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SmallFixedNoiseWarning)
+        near = SoftKIGP(X, Y, num_inducing=32, noise=0.1, learn_noise=False)
+        near.fit(num_epochs=5, batch_size=100, lr=0.02, seed=0)
+        SoftKIGP(X, Y, num_inducing=32, noise=1e-3, learn_noise=False).fit(
+            num_epochs=1, batch_size=100, seed=0, check_noise=False
+        )
+    # fit(learn_noise=False) holds the noise fixed too, so it checks.
+    manual = SoftKIGP(X, Y, num_inducing=32)
+    manual.likelihood.noise = 2e-4
+    with pytest.warns(SmallFixedNoiseWarning):
+        manual.fit(num_epochs=1, batch_size=100, seed=0, learn_noise=False)
+    with pytest.raises(TypeError, match="check_noise"):
+        manual.fit(check_noise=None)
+
+
+def test_calibrate_noise_sets_the_residual_mean_square_and_repairs_the_nll():
+    X, Y = make_data(400, d=3, noise=0.3)
+    Xt, Yt = make_data(400, d=3, noise=0.3)
+    model = SoftKIGP(X, Y, num_inducing=32, noise=1e-3, learn_noise=False)
+    model.fit(num_epochs=5, batch_size=100, lr=0.02, seed=0, check_noise=False)
+    # Oracle: the residuals at the training inputs, in the standardised units of the noise.
+    with torch.no_grad():
+        std = model.outcome_transform.stdvs.reshape(())
+        expected = ((Y - model.posterior(X).mean) / std).square().mean().item()
+        rmse_before = (model.posterior(Xt).mean - Yt).square().mean().sqrt().item()
+    nll_before = _nll(model, Xt, Yt).item()
+    value = model.calibrate_noise()
+    assert value == pytest.approx(expected, rel=1e-6)  # (through the softplus constraint)
+    assert model.noise_variance.item() == value
+    assert not model.learn_noise  # still fixed
+    with torch.no_grad():
+        rmse_after = (model.posterior(Xt).mean - Yt).square().mean().sqrt().item()
+    assert nll_before > 5 and _nll(model, Xt, Yt).item() < 1.0
+    assert abs(rmse_after / rmse_before - 1) < 0.1
+    # A floor above the residuals: refused, the model unchanged.
+    floor = GaussianLikelihood(noise_constraint=GreaterThan(5.0)).to(X)
+    floor.noise = 6.0
+    high = SoftKIGP(X, Y, num_inducing=32, likelihood=floor, learn_noise=False)
+    state = _state(high)
+    with pytest.raises(ValueError, match="noise floor 5"):
+        high.calibrate_noise()
+    assert _same(state, _state(high))

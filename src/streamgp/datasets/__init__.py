@@ -8,6 +8,8 @@ r"""Benchmark datasets for online GP regression and classification.
   package (or the full file from the data directory);
 - :func:`make_streaming_split`: seeded 90/10 split, ``[-1, 1]`` input scaling,
   standardized targets, 5% pretraining set (WISKI appendix C.1);
+- :func:`load_csv` and :func:`make_standardized_split`: a regression table of your own,
+  split and standardised as in the SoftKI paper's Table 1 protocol;
 - :mod:`~streamgp.datasets.synthetic`: seeded synthetic data for tests.
 """
 
@@ -17,6 +19,7 @@ from streamgp.datasets.loaders import (
     import_3droad,
     load_3droad,
     load_banana,
+    load_csv,
     load_dataset,
     load_elevators,
     load_powerplant,
@@ -27,8 +30,10 @@ from streamgp.datasets.loaders import (
 )
 from streamgp.datasets.malaria import MalariaData, load_malaria, malaria_subset_path
 from streamgp.datasets.preprocessing import (
+    StandardizedSplit,
     StreamingSplit,
     load_streaming_split,
+    make_standardized_split,
     make_streaming_split,
 )
 from streamgp.datasets.registry import (
@@ -53,6 +58,7 @@ __all__ = [
     "ChecksumError",
     "DatasetSpec",
     "MalariaData",
+    "StandardizedSplit",
     "StreamingSplit",
     "TabularData",
     "available_datasets",
@@ -64,6 +70,7 @@ __all__ = [
     "list_datasets",
     "load_3droad",
     "load_banana",
+    "load_csv",
     "load_dataset",
     "load_elevators",
     "load_malaria",
@@ -72,6 +79,7 @@ __all__ = [
     "load_skillcraft",
     "load_streaming_split",
     "load_svmguide1",
+    "make_standardized_split",
     "make_streaming_split",
     "malaria_subset_path",
     "read_3droad",

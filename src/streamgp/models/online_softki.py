@@ -89,12 +89,18 @@ from streamgp.models.utils import transaction
 from streamgp.models.utils.defaults import DEFAULT, _DefaultType
 from streamgp.models.wiski import WiskiGP
 from streamgp.settings import value_warning
-from streamgp.utils.validation import check_count, check_grid_model_data, check_kernel
+from streamgp.utils.validation import (
+    check_count,
+    check_grid_model_data,
+    check_kernel,
+    check_positive_number,
+    check_tensor,
+)
 
 #: Epochs of SoftKI's Algorithm 1 run on the constructor's batch by default.
 DEFAULT_PRETRAIN_EPOCHS = 50
 #: ``SoftKIGP.fit`` options the model sets itself (not through ``pretrain_options``).
-_RESERVED_FIT_OPTIONS = ("num_epochs",)
+_RESERVED_FIT_OPTIONS = ("num_epochs", "check_noise")
 
 
 class FarFromPointsWarning(UserWarning):
@@ -441,7 +447,8 @@ class OnlineSoftKIGP(WiskiGP):
             seed=seed,
         )
         if num_epochs > 0:
-            softki.fit(num_epochs=num_epochs, **fit_options)
+            # Known noise is the data's (pretraining holds its mean fixed): no check.
+            softki.fit(num_epochs=num_epochs, check_noise=False, **fit_options)
         return softki.inducing_points.detach().clone(), softki.temperature.detach().clone()
 
     # ------------------------------------------------------------ raw data
@@ -548,16 +555,7 @@ class OnlineSoftKIGP(WiskiGP):
     def _refit_points(
         self, num_epochs: int, num_inducing: int | None, **fit_options: Any
     ) -> OnlineSoftKIGP:
-        if not self.keep_data:
-            raise RuntimeError(
-                "refit_points needs the raw observations: build the model with "
-                "keep_data=True (O(n d) memory)."
-            )
-        if len(self.batch_shape) > 0 or (self._conditioning_log and not self._log_from_observe):
-            raise RuntimeError(
-                "refit_points is not available on a model conditioned with "
-                "condition_on_observations (its rows are not kept); call it on the parent."
-            )
+        self._check_refittable("refit_points")
         check_count(num_epochs, "num_epochs", minimum=0)
         check_count(num_inducing, "num_inducing", minimum=1, allow_none=True)
         fit_options = _check_fit_options(fit_options, "fit_options")
@@ -579,13 +577,89 @@ class OnlineSoftKIGP(WiskiGP):
             fit_options=fit_options,
             seed=0,
         )
+        return self._use_points(points, temp, X_t, y, noise)
+
+    def _use_points(
+        self, points: Tensor, temperature: Tensor, X_t: Tensor, y: Tensor, noise: Tensor | None
+    ) -> OnlineSoftKIGP:
         # A new module (views made earlier keep the old points and statistics).
-        interpolation = SoftmaxPointInterpolation(points, temp, self.top_k, self.squared_distance)
+        interpolation = SoftmaxPointInterpolation(
+            points, temperature, self.top_k, self.squared_distance
+        )
         statistics = self._grid_statistics(interpolation, X_t, y, noise, differentiable=False)
         self.interpolation = interpolation
         self._clear_caches()
         self._set_statistics(statistics)
         return self
+
+    def _check_refittable(self, what: str) -> None:
+        if not self.keep_data:
+            raise RuntimeError(
+                f"{what} needs the raw observations: build the model with keep_data=True "
+                "(O(n d) memory)."
+            )
+        if len(self.batch_shape) > 0 or (self._conditioning_log and not self._log_from_observe):
+            raise RuntimeError(
+                f"{what} is not available on a model conditioned with "
+                "condition_on_observations (its rows are not kept); call it on the parent."
+            )
+
+    def set_points(
+        self, points: Tensor, temperature: float | Tensor | None = None
+    ) -> OnlineSoftKIGP:
+        r"""Move the interpolation points (and temperature) and rebuild from the kept data.
+
+        The statistics are rebuilt from every observation kept with ``keep_data=True``
+        with the softmax weights onto the new points, ``O(n m^2)``; the kernel, the
+        noise, the constant mean, the transforms and the kept data are unchanged. The
+        model then equals one built on the kept data with these points and this
+        temperature (``pretrain_epochs=0``) and the same hyperparameters. What a BO loop
+        calls to let the points follow the search (a prediction peaks at an
+        interpolation point, so the acquisition's maximisers are points of the set):
+        the ``"softki"`` registry entry's ``moving_points`` option.
+
+        Args:
+            points: ``m' x d`` new points in the transformed input space (any ``m' >=
+                1``; at least ``top_k``).
+            temperature: New softmax temperature ``T > 0``; None keeps the current one.
+
+        Returns:
+            The model itself.
+
+        Raises:
+            RuntimeError: Without ``keep_data=True``, or on a conditioned model.
+            ValueError, TypeError: On invalid ``points`` or ``temperature``, naming it;
+                the model is then unchanged (as on any failure).
+
+        Example:
+            >>> X = torch.rand(40, 2, dtype=torch.float64)
+            >>> Y = X.sum(-1, keepdim=True)
+            >>> model = OnlineSoftKIGP(X, Y, num_inducing=8, pretrain_epochs=0, keep_data=True)
+            >>> model = model.set_points(torch.rand(16, 2, dtype=torch.float64), 0.05)
+            >>> model.num_inducing, round(model.temperature.item(), 2)
+            (16, 0.05)
+        """
+        with transaction(self):
+            self._check_refittable("set_points")
+            X_t, y, noise = self.kept_data()
+            check_tensor(points, "points", like=X_t, min_dim=2, last_dim=self.interpolation.dim)
+            if points.dim() != 2 or len(points) < (self.top_k or 1):
+                raise ValueError(
+                    f"points must have shape M x d with M >= {self.top_k or 1} (top_k), got "
+                    f"{tuple(points.shape)}."
+                )
+            if temperature is None:
+                temperature = self.temperature
+            elif isinstance(temperature, Tensor):
+                if (
+                    temperature.numel() != 1
+                    or not (torch.isfinite(temperature) & (temperature > 0)).all()
+                ):
+                    raise ValueError("temperature must be a positive finite scalar.")
+            else:
+                check_positive_number(temperature, "temperature")
+            temperature = torch.as_tensor(temperature).to(points).reshape(()).detach().clone()
+            return self._use_points(points.detach().clone(), temperature, X_t, y, noise)
 
     def restandardize(self, rescale_hyperparameters: bool = True) -> OnlineSoftKIGP:
         r"""As :meth:`WiskiGP.restandardize` (exact: softmax rows sum to one).

@@ -57,6 +57,7 @@ from torch import Tensor
 from torch.quasirandom import SobolEngine
 
 from streamgp.inducing import OnlineInducingPointSelector
+from streamgp.inducing.kmeans import KMeansSelector
 from streamgp.mlls import WoodburyMarginalLogLikelihood
 from streamgp.models.additive_wiski import AdditiveWiskiGP
 from streamgp.models.kissgp import KissGP
@@ -65,7 +66,7 @@ from streamgp.models.online_softki import OnlineSoftKIGP
 from streamgp.models.osgpr import OnlineSGPR
 from streamgp.models.osvgp import OnlineSVGP
 from streamgp.models.projection import LearnedProjection, ProjectedKernel
-from streamgp.models.softki import SoftKIGP
+from streamgp.models.softki import DEFAULT_RELATIVE_TEMPERATURE, SoftKIGP
 from streamgp.models.svdgp import DecoupledSVGP
 from streamgp.models.utils.resolution import CoarseGridWarning
 from streamgp.models.wiski import DEFAULT_CUDA_GRID_POINTS, DEFAULT_GRID_POINTS, WiskiGP
@@ -476,6 +477,66 @@ def _grid_model_builder(
     return build
 
 
+#: ``moving_points``: the shares of the ``softki`` entry's ``m`` points drawn, at each
+#: refit, in a box around the incumbent and at the data (k-means); the rest cover the cube.
+MOVING_LOCAL_SHARE, MOVING_DATA_SHARE = 0.5, 0.25
+#: ``moving_points``: side of the box around the incumbent (the unit cube is the domain).
+MOVING_LOCAL_WIDTH = 0.2
+
+
+def _relative_temperature(points: Tensor, relative_temperature: float | None) -> float | None:
+    r"""``relative_temperature`` times the points' median nearest-neighbour distance."""
+    if relative_temperature is None or len(points) < 2:
+        return None
+    distance = torch.cdist(points, points).fill_diagonal_(math.inf)
+    nearest = distance.min(-1).values.median().item()
+    return relative_temperature * nearest if nearest > 0 else None
+
+
+def points_around_incumbent(
+    X: Tensor, incumbent: Tensor, num: int, seed: int, *, width: float = MOVING_LOCAL_WIDTH
+) -> Tensor:
+    r"""A fresh set of ``num`` interpolation points for a BO search in the unit cube.
+
+    ``MOVING_LOCAL_SHARE`` of them are scrambled Sobol points in the box of side
+    ``width`` centred at ``incumbent`` (shifted to lie inside the cube),
+    ``MOVING_DATA_SHARE`` are k-means centres of the observed inputs ``X`` (the inputs
+    themselves when there are fewer), and the rest are Sobol points of the whole cube.
+    SoftKI's predictions peak at its interpolation points, so the acquisition's
+    maximisers are points of this set: drawing it afresh at every refit, dense around
+    the incumbent, lets the search refine there and still reach the whole cube.
+
+    Args:
+        X: ``n x d`` observed inputs (unit cube).
+        incumbent: ``d`` centre of the local box.
+        num: Number of points (at least 1).
+        seed: Seed of the Sobol scrambles and the k-means initialisation.
+        width: Side of the local box, in ``(0, 1]``.
+
+    Returns:
+        ``num x d`` points in the unit cube (dtype and device of ``X``).
+
+    Example:
+        >>> X = torch.rand(20, 2, dtype=torch.float64)
+        >>> Z = points_around_incumbent(X, X[0], 64, seed=0)
+        >>> Z.shape, bool(((Z >= 0) & (Z <= 1)).all())
+        (torch.Size([64, 2]), True)
+    """
+    check_count(num, "num", minimum=1)
+    if not 0 < width <= 1:
+        raise ValueError(f"width must be in (0, 1], got {width!r}.")
+    d = X.shape[-1]
+    num_local = round(MOVING_LOCAL_SHARE * num)
+    num_data = min(round(MOVING_DATA_SHARE * num), len(X), num - num_local)
+    lower = (incumbent - width / 2).clamp(0.0, 1.0 - width)
+    local = lower + width * _sobol_points(num_local, d, seed, X)
+    parts = [local]
+    if num_data > 0:
+        parts.append(KMeansSelector(num_inducing=num_data, seed=seed).update(X).to(X))
+    parts.append(_sobol_points(num - num_local - num_data, d, seed + 1, X))
+    return torch.cat(parts)
+
+
 def _build_softki(
     train_X: Tensor,
     train_Y: Tensor,
@@ -486,16 +547,22 @@ def _build_softki(
     seed: int,
     relative_temperature: float | None,
     restandardize: bool,
+    moving_points: bool,
 ) -> Model:
-    r"""OnlineSoftKIGP on a fixed Sobol design of the unit cube (see the entry)."""
+    r"""OnlineSoftKIGP on a Sobol design of the unit cube (see the entry)."""
     check_count(num_inducing, "num_inducing", minimum=1)
     check_positive_number(relative_temperature, "relative_temperature", allow_none=True)
+    if not isinstance(moving_points, bool):
+        raise TypeError(f"moving_points must be a bool, got {type(moving_points).__name__}.")
     points = _sobol_points(num_inducing, train_X.shape[-1], seed, train_X)
-    options: dict[str, Any] = {"inducing_points": points, "pretrain_epochs": 0}
-    if relative_temperature is not None and len(points) > 1:
-        distance = torch.cdist(points, points).fill_diagonal_(math.inf)
-        nearest = distance.min(-1).values.median().item()
-        options["temperature"] = relative_temperature * nearest
+    options: dict[str, Any] = {
+        "inducing_points": points,
+        "pretrain_epochs": 0,
+        "keep_data": moving_points,
+    }
+    temperature = _relative_temperature(points, relative_temperature)
+    if temperature is not None:
+        options["temperature"] = temperature
     return _grid_model_builder(OnlineSoftKIGP)(
         train_X,
         train_Y,
@@ -503,6 +570,40 @@ def _build_softki(
         covar_module=covar_module,
         restandardize=restandardize,
         **options,
+    )
+
+
+def _refit_softki(
+    model: OnlineSoftKIGP,
+    max_iter: int | None,
+    *,
+    fixed_noise: bool,
+    mll_class: type,
+    restandardize: bool,
+    moving_points: bool,
+    num_inducing: int,
+    seed: int,
+    relative_temperature: float | None,
+) -> None:
+    r"""With ``moving_points``, fresh points around the incumbent; then the generic refit.
+
+    The incumbent is the observed input of highest posterior mean (the loops' inputs
+    are the unit cube, untransformed); the new points are
+    :func:`points_around_incumbent` (seeded by ``seed`` and ``n``, so a resumed loop
+    draws the same), their temperature ``relative_temperature`` (default: SoftKI's
+    ``DEFAULT_RELATIVE_TEMPERATURE``) times their median nearest-neighbour distance.
+    """
+    if moving_points and model.num_train > 0:
+        X, _, _ = model.kept_data()
+        with torch.no_grad():
+            mean = model.posterior(X.unsqueeze(-2)).mean.reshape(-1)  # n one-point posteriors
+        points = points_around_incumbent(X, X[mean.argmax()], num_inducing, seed + len(X))
+        relative = (
+            DEFAULT_RELATIVE_TEMPERATURE if relative_temperature is None else relative_temperature
+        )
+        model.set_points(points, _relative_temperature(points, relative))
+    refit_marginal_likelihood(
+        model, max_iter, fixed_noise=fixed_noise, mll_class=mll_class, restandardize=restandardize
     )
 
 
@@ -798,8 +899,10 @@ register_model(
             "seed": 0,
             "relative_temperature": None,
             "restandardize": True,
+            "moving_points": False,
         },
         build=_build_softki,
+        refit=_refit_softki,
         mll_class=WoodburyMarginalLogLikelihood,
         stream=StreamRecipe(_stream_softki, pretraining="model", per_output=True),
     )

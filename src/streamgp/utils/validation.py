@@ -366,3 +366,9 @@ def check_positive_number(value: object, name: str, allow_none: bool = False) ->
     ):
         suffix = " or None" if allow_none else ""
         raise ValueError(f"{name} must be a positive number{suffix}, got {value!r}.")
+
+
+def check_bool(value: object, name: str) -> None:
+    r"""Raise ``TypeError`` naming ``name`` unless ``value`` is a bool."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}.")
