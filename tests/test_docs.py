@@ -10,6 +10,7 @@ installs them all. Models a block registers are unregistered afterwards.
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,24 @@ def test_readme_relative_links_resolve():
 
 def test_readme_is_a_landing_page():
     assert len(README.read_text(encoding="utf-8").splitlines()) <= 300
+
+
+#: The committed benchmark results the docs quote (issue 41): summaries and figures only.
+MAX_RESULTS_BYTES = 10 * 2**20
+
+
+def test_benchmark_results_stay_small():
+    # What git tracks (runs regenerated locally are ignored), or every file outside a clone.
+    results = ROOT / "benchmarks" / "results"
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", str(results)], cwd=ROOT, capture_output=True, text=True
+    )
+    if listed.returncode == 0 and listed.stdout:
+        files = [ROOT / name for name in listed.stdout.split("\0") if name]
+    else:
+        files = [p for p in results.rglob("*") if p.is_file()]
+    total = sum(p.stat().st_size for p in files if p.is_file())
+    assert total <= MAX_RESULTS_BYTES, f"benchmarks/results holds {total / 2**20:.1f} MiB"
 
 
 @pytest.mark.parametrize(("name", "code"), python_blocks())
