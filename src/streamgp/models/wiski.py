@@ -506,6 +506,7 @@ class WiskiGP(
             "_love_cache",
             "_pending_failure",
             "_prior_variance",
+            "_graphs",
             "_hyper_snapshot",
             "_correction",
             "_conditioning_log",
