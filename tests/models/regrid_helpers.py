@@ -67,3 +67,16 @@ def assert_same_posterior(model, oracle, X_test, tol: float = 1e-10) -> None:
         a = model.posterior(X_test, observation_noise=True)
         b = oracle.posterior(X_test, observation_noise=True)
         assert torch.allclose(a.variance, b.variance, atol=tol, rtol=0)
+
+
+def assert_equal_to_oracle_and_streams_on(
+    model, oracle, X_test, next_batch, fixed_noise, tol=1e-10
+):
+    """``model`` equals ``oracle`` (posterior and the marginal likelihood ``fit_gpytorch_mll``
+    maximises), and still does after both observe ``next_batch`` ``(X, Y, Yvar)``."""
+    assert_same_posterior(model, oracle, X_test, tol)
+    assert torch.allclose(model.fit_objective()[0], oracle.fit_objective()[0], atol=1e-8, rtol=0)
+    X_next, Y_next, Yvar_next = next_batch
+    model.observe(X_next, Y_next, Yvar_next if fixed_noise else None)
+    oracle.observe(X_next, Y_next, Yvar_next if fixed_noise else None)
+    assert_same_posterior(model, oracle, X_test, tol)

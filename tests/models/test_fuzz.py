@@ -185,6 +185,22 @@ def _assert_posterior_equal(model: Any, oracle: Any) -> None:
 
 
 # ------------------------------------------------------------------------ observe
+def _observed_or_refused(model, args: dict, argument: str, kind: str, q: int, base) -> bool:
+    r"""``model.observe(**args)``: True if it took them (and only valid ones: NaN or Inf
+    in an empty batch is no value); False if it refused them naming ``argument`` and
+    left the model as ``base``."""
+    try:
+        model.observe(args["X"], args["Y"], args["Yvar"])
+    except BaseException as error:  # noqa: BLE001 - the property is about every error
+        _expect_clear_error(error, argument)
+        assert_same_model(model, base, X_TEST)
+        return False
+    assert kind == "valid" or (q == 0 and kind in ("nan", "inf")), (
+        f"observe accepted {kind} {argument}"
+    )
+    return True
+
+
 @pytest.mark.parametrize("name", STREAMING)
 @FUZZ
 @given(
@@ -201,16 +217,9 @@ def test_observe_is_right_or_refuses_and_changes_nothing(name, argument, kind, q
         args["Yvar"] = _corrupt(torch.full_like(Y, 0.01), kind if kind != "none" else "valid")
     else:
         args[argument] = _corrupt(args[argument], kind)
-    try:
-        model.observe(args["X"], args["Y"], args["Yvar"])
-    except BaseException as error:  # noqa: BLE001 - the property is about every error
-        _expect_clear_error(error, argument)
-        assert_same_model(model, _base(name), X_TEST)
+    if not _observed_or_refused(model, args, argument, kind, q, _base(name)):
         return
     assert argument != "Yvar", "observe took a Yvar on a learned-noise model"
-    assert kind == "valid" or (q == 0 and kind in ("nan", "inf")), (
-        f"observe accepted {kind} {argument}"
-    )
     if name in EXACT:
         _assert_posterior_equal(model, _oracle(name, X, Y))
     else:
@@ -619,15 +628,8 @@ def test_known_noise_observe_is_right_or_refuses_and_changes_nothing(name, argum
             args["Yvar"] = -Yvar if kind == "negative" else torch.zeros_like(Yvar)
     else:
         args[argument] = _corrupt(args[argument], kind)
-    try:
-        model.observe(args["X"], args["Y"], args["Yvar"])
-    except BaseException as error:  # noqa: BLE001 - the property is about every error
-        _expect_clear_error(error, argument)
-        assert_same_model(model, base, X_TEST)
+    if not _observed_or_refused(model, args, argument, kind, q, base):
         return
-    assert kind == "valid" or (q == 0 and kind in ("nan", "inf")), (
-        f"observe accepted {kind} {argument}"
-    )
     _assert_posterior_equal(model, _fixed_oracle(name, X, Y, Yvar))
     assert torch.equal(model.likelihood.noise, _fixed_oracle(name, X, Y, Yvar).likelihood.noise)
 

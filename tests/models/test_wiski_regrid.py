@@ -14,6 +14,7 @@ import pytest
 import torch
 from botorch.models.transforms.input import Normalize
 from regrid_helpers import (
+    assert_equal_to_oracle_and_streams_on,
     assert_same_posterior,
     normalized_model,
     oracle_on_the_grid,
@@ -83,14 +84,11 @@ def test_regrid_equals_a_model_built_on_all_data(space, fixed_noise, outputs):
     assert torch.equal(model.observations.X, X_all) and torch.equal(model.observations.Y, Y_all)
     oracle = _oracle(model, X_all, Y_all, Yvar_all)
     X_test = torch.tensor([[1.5, 3.0], [3.0, 4.0], [6.0, 6.5], [4.5, 2.5]], dtype=DT)
-    _assert_same_posterior(model, oracle, X_test)
-    # The marginal likelihood (what fit_gpytorch_mll maximises) too.
-    assert torch.allclose(model.fit_objective()[0], oracle.fit_objective()[0], atol=1e-8, rtol=0)
-    # And the stream goes on from the new grid as it would from the oracle.
-    X_next, Y_next, Yvar_next = _data(2, outputs, seed=2)
-    model.observe(X_next, Y_next, Yvar_next if fixed_noise else None)
-    oracle.observe(X_next, Y_next, Yvar_next if fixed_noise else None)
-    _assert_same_posterior(model, oracle, X_test)
+    # Equal (the marginal likelihood too), and the stream goes on from the new grid as it
+    # would from the oracle.
+    assert_equal_to_oracle_and_streams_on(
+        model, oracle, X_test, _data(2, outputs, seed=2), fixed_noise, TOL
+    )
 
 
 def test_regrid_in_grid_space_after_restandardize_and_pending_rows():

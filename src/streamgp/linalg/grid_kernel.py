@@ -214,7 +214,7 @@ class GridKernelRoot:
 
     def kernel_trace(self) -> Tensor:
         r"""``tr(L L^T) = prod_i |L_i|_F^2``, without forming ``L``."""
-        return functools.reduce(torch.mul, [f.square().sum() for f in self.factors])
+        return product(torch.stack([f.square().sum() for f in self.factors]), 0)
 
     def kernel_entries(self, rows: Tensor, cols: Tensor) -> Tensor:
         r"""Entries ``(L L^T)[rows, cols]`` from the small per-axis kernel matrices."""

@@ -1623,8 +1623,21 @@ class WiskiGP(
             root = weights.matmul(love.root)
             root = root.expand(*mean.shape, root.shape[-1])  # shared by the outputs
             return MultivariateNormal(mean, root_covariance(root, diagonal))
+        mean, positive, negative = self._predictive_factors(weights, posterior, correction)
+        return self._factored_normal(mean, positive, negative, diagonal)
+
+    def _predictive_factors(
+        self, weights: Any, posterior: GridPosterior | DataPosterior, correction: Any
+    ) -> tuple[Tensor, tuple, tuple]:
+        r"""The mean (prior mean included) and the covariance's positive and negative
+        factors at the rows ``weights`` (see :class:`PosteriorCovariance`)."""
         mean, positive, negative = correction.predict_factors(posterior, weights)
-        mean = self._plus_prior_mean(mean)
+        return self._plus_prior_mean(mean), positive, negative
+
+    @staticmethod
+    def _factored_normal(
+        mean: Tensor, positive: tuple, negative: tuple, diagonal: Tensor | None
+    ) -> MultivariateNormal:
         # Variances from the factors, the dense t x t matrix only when asked for (joint
         # samples, Cholesky); a LinearOperator also defers factorisation to whoever needs
         # it (samplers add jitter as required).
@@ -1649,8 +1662,7 @@ class WiskiGP(
         num_negative = 1 if correction.rank else 0
         negative = tuple(rest[:num_negative])
         diagonal = rest[num_negative] if len(rest) > num_negative else None
-        covar = PosteriorCovariance((root,), negative, diagonal, batch_shape=mean.shape[:-1])
-        return MultivariateNormal(mean, covar)
+        return self._factored_normal(mean, (root,), negative, diagonal)
 
     def _grid_factors(
         self, X: Tensor, posterior: GridPosterior, correction: LowRankCorrection
@@ -1661,8 +1673,7 @@ class WiskiGP(
         with skip_value_checks():  # (checked by the caller, before any graph)
             weights = self._rows(X)
             diagonal = self.prior_variance_correction(X, weights)
-            mean, (root,), negative = correction.predict_factors(posterior, weights)
-            mean = self._plus_prior_mean(mean)
+            mean, (root,), negative = self._predictive_factors(weights, posterior, correction)
         root = root if isinstance(root, Tensor) else root.tensor
         return (mean, root, *negative, *(() if diagonal is None else (diagonal,)))
 
