@@ -36,7 +36,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -66,7 +65,11 @@ from streamgp.models.online_softki import OnlineSoftKIGP
 from streamgp.models.osgpr import OnlineSGPR
 from streamgp.models.osvgp import OnlineSVGP
 from streamgp.models.projection import LearnedProjection, ProjectedKernel
-from streamgp.models.softki import DEFAULT_RELATIVE_TEMPERATURE, SoftKIGP
+from streamgp.models.softki import (
+    DEFAULT_RELATIVE_TEMPERATURE,
+    SoftKIGP,
+    median_nearest_distance,
+)
 from streamgp.models.svdgp import DecoupledSVGP
 from streamgp.models.utils.resolution import CoarseGridWarning
 from streamgp.models.wiski import DEFAULT_CUDA_GRID_POINTS, DEFAULT_GRID_POINTS, WiskiGP
@@ -488,8 +491,7 @@ def _relative_temperature(points: Tensor, relative_temperature: float | None) ->
     r"""``relative_temperature`` times the points' median nearest-neighbour distance."""
     if relative_temperature is None or len(points) < 2:
         return None
-    distance = torch.cdist(points, points).fill_diagonal_(math.inf)
-    nearest = distance.min(-1).values.median().item()
+    nearest = median_nearest_distance(points)
     return relative_temperature * nearest if nearest > 0 else None
 
 

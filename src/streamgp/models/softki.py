@@ -311,6 +311,18 @@ def check_point_options(
         raise TypeError(f"squared_distance must be a bool, got {type(squared_distance).__name__}.")
 
 
+def median_nearest_distance(points: Tensor) -> float:
+    r"""The median distance from each of ``points`` (``m x d``, ``m >= 2``) to its nearest
+    other point: the length scale of SoftKI's default temperature.
+
+    Example:
+        >>> median_nearest_distance(torch.tensor([[0.0], [1.0], [3.0]]))
+        1.0
+    """
+    distance = torch.cdist(points, points).fill_diagonal_(math.inf)
+    return distance.min(-1).values.median().item()
+
+
 def check_noise_admitted(noise: float | None, likelihood: GaussianLikelihood | None) -> None:
     r"""Check that a Gaussian likelihood's noise constraint admits an initial ``noise``.
 
@@ -517,9 +529,7 @@ class SoftKIGP(
         Z = self.inducing_points.detach()
         if len(Z) < 2:
             return 1.0
-        distance = torch.cdist(Z, Z)
-        distance.fill_diagonal_(math.inf)
-        nearest = distance.min(-1).values.median().item()
+        nearest = median_nearest_distance(Z)
         if self.squared_distance:
             nearest = nearest**2
         return DEFAULT_RELATIVE_TEMPERATURE * nearest if nearest > 0 else 1.0
