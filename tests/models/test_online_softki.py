@@ -24,6 +24,7 @@ from gpytorch.likelihoods import GaussianLikelihood
 from gpytorch.means import ConstantMean, LinearMean, ZeroMean
 from gpytorch.mlls import ExactMarginalLogLikelihood
 
+from streamgp.interpolation.grid import grown_grid_bounds
 from streamgp.linalg.grid_kernel import cholesky_with_jitter, point_kernel_root
 from streamgp.models.online_softki import FarFromPointsWarning, OnlineSoftKIGP
 from streamgp.models.softki import SoftKIGP
@@ -282,6 +283,7 @@ def test_pretraining_learns_points_and_keep_data_refit_equals_a_rebuild():
         mean_module=ZeroMean(),
         num_inducing=12,
         pretrain_epochs=0,
+        keep_data=False,
     )
     assert not torch.equal(model.inducing_points, initial.inducing_points)  # Algorithm 1 ran
     model.observe(X[60:90], Y[60:90])
@@ -391,7 +393,7 @@ def test_statistics_do_not_grow_with_n():
     sizes = []
     for n in (30, 300):
         X, Y = make_data(n)
-        model = frozen(X[:20], Y[:20], Z)
+        model = frozen(X[:20], Y[:20], Z, keep_data=False)
         model.observe(X[20:], Y[20:])
         state = model.state_dict()
         sizes.append({k: tuple(v.shape) for k, v in state.items()})
@@ -740,7 +742,7 @@ def test_an_observation_far_from_the_points_warns():
         30, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0)
     )
     Y = torch.sin(4 * X).sum(-1, keepdim=True)
-    model = OnlineSoftKIGP(X, Y, num_inducing=8, pretrain_epochs=0)
+    model = OnlineSoftKIGP(X, Y, num_inducing=8, pretrain_epochs=0, keep_data=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error", FarFromPointsWarning)
         model.observe(X[:3] * 1.1, Y[:3])  # near the data: no warning
@@ -748,6 +750,78 @@ def test_an_observation_far_from_the_points_warns():
     with pytest.warns(FarFromPointsWarning, match="far outside the region"):
         model.observe(far, torch.tensor([[50.0]], dtype=torch.float64))
     assert model.num_train == 34  # absorbed (and said), not lost
+
+
+def _far_stream():
+    generator = torch.Generator().manual_seed(0)
+    X = 0.1 + 0.8 * torch.rand(30, 2, dtype=DTYPE, generator=generator)
+    f = lambda X: torch.sin(4 * X).sum(-1, keepdim=True)  # noqa: E731
+    X_far = torch.tensor([[3.0, 0.5], [2.6, 0.3], [2.8, -1.5]], dtype=DTYPE)
+    return (X, f(X)), (X_far, f(X_far))
+
+
+def test_a_far_batch_moves_the_points_over_it_exactly():
+    # Issue 35 item 1: the points follow the data, as the grid models' grids do.
+    (X, Y), (X_far, Y_far) = _far_stream()
+    # Keeps the data and follows it by default; no transform, so that the oracle below
+    # (a model built at once) standardises nothing differently.
+    model = OnlineSoftKIGP(X, Y, num_inducing=8, pretrain_epochs=0, outcome_transform=None)
+    old_points, old_box = model.inducing_points.clone(), model.interpolation.bounds
+    assert model.interpolation.far(X_far)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FarFromPointsWarning)  # followed, not warned
+        model.observe(X_far, Y_far)
+    # The points' box is the grown box over the batch, the points its affine image.
+    new_box = grown_grid_bounds(old_box, X_far)
+    torch.testing.assert_close(model.interpolation.bounds, new_box, rtol=0, atol=1e-12)
+    scale = (new_box[1] - new_box[0]) / (old_box[1] - old_box[0])
+    torch.testing.assert_close(
+        model.inducing_points, new_box[0] + (old_points - old_box[0]) * scale, rtol=0, atol=1e-12
+    )
+    assert not model.interpolation.far(X_far)
+    # The model equals one built on all the data with these points and hyperparameters.
+    X_all, Y_all = torch.cat([X, X_far]), torch.cat([Y, Y_far])
+    rebuilt = OnlineSoftKIGP(
+        X_all,
+        Y_all,
+        covar_module=copy.deepcopy(model.covar_module),
+        likelihood=copy.deepcopy(model.likelihood),
+        outcome_transform=None,
+        mean_module=copy.deepcopy(model.mean_module),
+        inducing_points=model.inducing_points,
+        temperature=model.temperature.item(),
+        pretrain_epochs=0,
+    )
+    X_test = torch.rand(20, 2, dtype=DTYPE) * 3 - 0.5
+    with torch.no_grad():
+        a, b = model.posterior(X_test), rebuilt.posterior(X_test)
+    torch.testing.assert_close(a.mean, b.mean, rtol=0, atol=1e-10)
+    torch.testing.assert_close(a.variance, b.variance, rtol=0, atol=1e-10)
+
+
+def test_points_stay_for_a_batch_near_them_and_without_follow_data():
+    (X, Y), (X_far, Y_far) = _far_stream()
+    model = OnlineSoftKIGP(X, Y, num_inducing=8, pretrain_epochs=0)
+    points = model.inducing_points.clone()
+    model.observe(X[:3] * 1.1, Y[:3])
+    assert torch.equal(model.inducing_points, points)
+    still = OnlineSoftKIGP(X, Y, num_inducing=8, pretrain_epochs=0, follow_data=False)
+    with pytest.warns(FarFromPointsWarning, match="far outside the region"):
+        still.observe(X_far, Y_far)
+    assert torch.equal(still.inducing_points, points) and still.num_train == 33
+    with pytest.raises(TypeError, match="follow_data must be a bool"):
+        OnlineSoftKIGP(X, Y, num_inducing=8, pretrain_epochs=0, follow_data=1)
+
+
+def test_following_survives_a_checkpoint():
+    (X, Y), (X_far, Y_far) = _far_stream()
+    model = OnlineSoftKIGP(X, Y, num_inducing=8, pretrain_epochs=0)
+    receiver = OnlineSoftKIGP(X, Y, num_inducing=8, pretrain_epochs=0, follow_data=False)
+    receiver.restore(model.checkpoint())
+    assert receiver.follow_data
+    for m in (model, receiver):
+        m.observe(X_far, Y_far)
+    assert torch.equal(model.inducing_points, receiver.inducing_points)
 
 
 # ------------------------------------------------------------- moving the points
@@ -807,6 +881,6 @@ def test_set_points_refuses_bad_input_and_leaves_the_model_unchanged():
             torch.equal(before[k], after[k]) for k in before
         )
     with pytest.raises(RuntimeError, match="keep_data"):
-        frozen(X, Y, Z).set_points(Z)
+        frozen(X, Y, Z, keep_data=False).set_points(Z)
     with pytest.raises(RuntimeError, match="condition_on_observations"):
         model.condition_on_observations(X[:2], Y[:2]).set_points(Z)

@@ -27,6 +27,7 @@ from botorch.test_functions import (
     Levy,
     Michalewicz,
     Rastrigin,
+    Rosenbrock,
     StyblinskiTang,
 )
 from botorch.test_functions.synthetic import SyntheticTestFunction
@@ -51,6 +52,9 @@ TEST_FUNCTIONS: dict[str, tuple[type[SyntheticTestFunction], float]] = {
     # Not in the WISKI paper: a standard higher-dimensional benchmark (d = 3, 4 or 6) for
     # models without a grid (SoftKI); noise sd 0.1 of its range of about 3.3.
     "hartmann": (Hartmann, 0.1),
+    # Not in the WISKI paper: one of BoTorch's d-dimensional benchmarks for the high-d table
+    # (benchmarks/bo_high_dim.py); noise sd 10, as Levy's, on a valley floor near 0.
+    "rosenbrock": (Rosenbrock, 10.0),
 }
 #: The six noisy 3-D functions of the WISKI paper's BO experiments.
 PAPER_FUNCTIONS = ("levy", "ackley", "styblinskitang", "rastrigin", "griewank", "michalewicz")

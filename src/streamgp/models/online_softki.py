@@ -76,7 +76,7 @@ from gpytorch.likelihoods import GaussianLikelihood
 from gpytorch.means import Mean
 from torch import Tensor
 
-from streamgp.interpolation.grid import InterpolationWeights
+from streamgp.interpolation.grid import InterpolationWeights, grown_grid_bounds
 from streamgp.interpolation.softmax import DenseInterpolationWeights, softmax_interpolation
 from streamgp.linalg.grid_kernel import GridKernelRoot, point_kernel_root
 from streamgp.models.softki import (
@@ -84,11 +84,12 @@ from streamgp.models.softki import (
     SoftKIGP,
     check_constant_mean,
     check_point_options,
+    median_nearest_distance,
 )
 from streamgp.models.utils import transaction
 from streamgp.models.utils.defaults import DEFAULT, _DefaultType
 from streamgp.models.wiski import WiskiGP
-from streamgp.settings import value_warning
+from streamgp.settings import active_value_checks, skip_value_checks, value_warning
 from streamgp.utils.validation import (
     check_count,
     check_grid_model_data,
@@ -256,9 +257,23 @@ class OnlineSoftKIGP(WiskiGP):
             the initial values.
         pretrain_options: Further :meth:`SoftKIGP.fit` options (``batch_size``, ``lr``,
             ``num_probes``, ``learn_noise``, ``seed``).
-        keep_data: Keep every observation (transformed), ``O(n d)`` memory, so that
-            :meth:`refit_points` can re-learn ``Z`` and ``T``. Default False: the model
-            keeps ``O(m^2)`` statistics only.
+        keep_data: Keep every observation (transformed), ``O(n d)`` memory (default),
+            so that the points can follow the data (``follow_data``) and
+            :meth:`refit_points` / :meth:`set_points` can re-learn or move them. False:
+            the model keeps ``O(m^2)`` statistics only, and absorbs a batch far outside
+            the points with a :class:`FarFromPointsWarning`.
+        follow_data: With ``keep_data``, a batch that lands far outside the points
+            (more than :attr:`SoftmaxPointInterpolation.FAR_MARGIN` of their box's
+            largest side beyond it) moves them, exactly: the points are mapped affinely
+            from their box onto a box grown over the batch
+            (:func:`~streamgp.interpolation.grid.grown_grid_bounds`, as the grid models
+            grow theirs), the temperature scales with their median nearest-neighbour
+            distance (its square for ``squared_distance``), and the statistics are
+            rebuilt from the kept data (:meth:`set_points`, ``O(n m^2)``). Each move
+            grows a passed side by at least half the box, so moves are rare (``O(d
+            log(range))`` over a stream) and the amortised cost per batch stays small.
+            False: such a batch is absorbed with a :class:`FarFromPointsWarning`, the
+            points stay where they are.
         seed: Seed of the k-means++ initialisation.
         exact_prior_variance: As in ``WiskiGP`` (default True): predictive variances
             get ``k(x, x) - w(x)^T K_zz w(x)`` with the softmax weights ``w(x)``
@@ -305,7 +320,8 @@ class OnlineSoftKIGP(WiskiGP):
         squared_distance: bool = False,
         pretrain_epochs: int = DEFAULT_PRETRAIN_EPOCHS,
         pretrain_options: dict[str, Any] | None = None,
-        keep_data: bool = False,
+        keep_data: bool = True,
+        follow_data: bool = True,
         seed: int = 0,
         exact_prior_variance: bool = True,
     ) -> None:
@@ -325,8 +341,9 @@ class OnlineSoftKIGP(WiskiGP):
         _check_top_k(top_k, m)
         check_count(pretrain_epochs, "pretrain_epochs", minimum=0)
         pretrain_options = _check_fit_options(pretrain_options, "pretrain_options")
-        if not isinstance(keep_data, bool):
-            raise TypeError(f"keep_data must be a bool, got {type(keep_data).__name__}.")
+        for name, flag in (("keep_data", keep_data), ("follow_data", follow_data)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}.")
         check_kernel(covar_module)
         check_constant_mean(mean_module)
 
@@ -367,6 +384,7 @@ class OnlineSoftKIGP(WiskiGP):
             exact_prior_variance=exact_prior_variance,
         )
         self.keep_data = keep_data
+        self.follow_data = follow_data
 
     # ---------------------------------------------------------- interpolation
     @property
@@ -479,7 +497,19 @@ class OnlineSoftKIGP(WiskiGP):
 
     def _check_observed_inputs(self, X_t: Tensor) -> None:
         # Softmax weights put a far point on its nearest interpolation points as if it
-        # were there; say so (in the call's one read) rather than absorb it silently.
+        # were there: the points follow it (decided in the call's one read), or, without
+        # kept data, a warning says so rather than absorb it silently.
+        far = self.interpolation.far(X_t)
+        if self.keep_data and self.follow_data:
+            if skip_value_checks.on():
+                return
+            checks = active_value_checks()
+            if checks is None:
+                self._far_batch.append(bool(far))
+            else:
+                checks.decide(far, self._far_batch.append)
+            return
+
         def warn() -> None:
             warnings.warn(
                 "X has points far outside the region of the interpolation points (more "
@@ -491,7 +521,7 @@ class OnlineSoftKIGP(WiskiGP):
                 stacklevel=5,
             )
 
-        value_warning(self.interpolation.far(X_t), warn)  # in observe's one read
+        value_warning(far, warn)  # in observe's one read
 
     def observe(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> OnlineSoftKIGP:
         r"""Absorb new observations in place, in ``O(m^2 q)`` time (independent of ``n``).
@@ -509,6 +539,7 @@ class OnlineSoftKIGP(WiskiGP):
             return self._observe_and_keep(X, Y, Yvar)
 
     def _observe_and_keep(self, X: Tensor, Y: Tensor, Yvar: Tensor | None) -> OnlineSoftKIGP:
+        self._far_batch: list[bool] = []  # set in observe's read (_check_observed_inputs)
         super().observe(X, Y, Yvar)
         if self.keep_data and len(X):
             X_t, Y_t, Yvar_t = self._transform_new_data(X, Y, Yvar)
@@ -518,7 +549,26 @@ class OnlineSoftKIGP(WiskiGP):
                 None if Yvar_t is None else Yvar_t.squeeze(-1).detach(),
             )
             self._kept = [*self._kept, row]  # a new list: views share the old one
+            if any(self._far_batch):
+                self._follow(X_t.detach())
         return self
+
+    def _follow(self, X_t: Tensor) -> None:
+        r"""Move the points over a box grown to cover ``X_t`` (see ``follow_data``)."""
+        old = self.interpolation.bounds
+        new = grown_grid_bounds(old, X_t)
+        if new is None:  # pragma: no cover (far implies outside the box)
+            return
+        extent = old[1] - old[0]
+        # An axis on which every point has one coordinate has no scale to stretch.
+        scale = torch.where(extent > 0, (new[1] - new[0]) / extent, torch.ones_like(extent))
+        points = new[0] + (self.inducing_points - old[0]) * scale
+        temperature = self.temperature
+        if self.num_inducing >= 2:
+            ratio = median_nearest_distance(points) / median_nearest_distance(self.inducing_points)
+            temperature = temperature * (ratio**2 if self.squared_distance else ratio)
+        X_kept, y, noise = self.kept_data()
+        self._use_points(points, temperature, X_kept, y, noise)
 
     def refit_points(
         self,
@@ -702,6 +752,7 @@ class OnlineSoftKIGP(WiskiGP):
             "top_k": self.top_k,
             "squared_distance": self.squared_distance,
             "keep_data": self.keep_data,
+            "follow_data": self.follow_data,
         }
         state.update(self._posterior_state())
         if self.keep_data:
@@ -715,6 +766,8 @@ class OnlineSoftKIGP(WiskiGP):
         self.interpolation.top_k = state["top_k"]
         self.interpolation.squared = bool(state["squared_distance"])
         self.keep_data = bool(state["keep_data"])
+        # Checkpoints written before the points could follow the data did not follow.
+        self.follow_data = bool(state.get("follow_data", False))
         self._kept = []
         if self.keep_data and len(state["kept_y"]):
             self._kept = [(state["kept_X"], state["kept_y"], state.get("kept_noise"))]

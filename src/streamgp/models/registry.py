@@ -718,6 +718,7 @@ def _stream_softki(X, Y, Yvar, *, protocol, reuse) -> Model:
         num_inducing=min(protocol["num_inducing"], len(X)),
         pretrain_epochs=protocol["pretrain_steps"],
         pretrain_options={"lr": protocol["pretrain_lr"]},
+        keep_data=False,  # the paper's protocol: points frozen after the first batch
     )
 
 
