@@ -164,3 +164,15 @@ def test_softki_moving_points_are_drawn_around_the_incumbent_at_each_refit():
     torch.testing.assert_close(means[0], means[1], rtol=1e-9, atol=1e-9)
     with pytest.raises(TypeError, match="moving_points"):
         Surrogate("softki", X[:10], Y[:10], moving_points=1)
+
+
+def test_softki_moves_its_points_by_default_from_three_dimensions():
+    # The entry's default (moving_points=None) follows the measurement: on from 3-D.
+    for dim, moves in ((2, False), (3, True)):
+        X, Y = _data(30, dim=dim)
+        surrogate = Surrogate("softki", X[:10], Y[:10], num_inducing=16)
+        start = surrogate.model.inducing_points.clone()
+        surrogate.update(X[10:], Y[10:])
+        surrogate.fit(max_iter=2)
+        assert surrogate.model.keep_data is moves
+        assert (not torch.equal(surrogate.model.inducing_points, start)) is moves
