@@ -356,18 +356,12 @@ class WiskiGP(
 
     #: A restore takes the checkpoint's grid (its box and points per axis).
     ADOPTED_OPTIONS = frozenset({"grid_size"})
-    #: In grid space, small batches are first held as a low-rank correction of the root
-    #: (what ``condition_on_observations`` builds, ``O(m q Q)``), and folded into the
-    #: statistics and the root once its rank reaches ``FOLD_RANK``: one rank-``Q`` update
-    #: of the ``m x m`` root instead of ``Q / q`` memory-bound rank-``q`` ones.
-    FOLD_RANK = 32
-    #: A grid-space batch of ``q`` rows is absorbed by the rank-``q`` root update while
-    #: ``q <= ROOT_UPDATE_MAX_FRACTION * m``; larger batches refactorise from the
-    #: statistics, which is then cheaper (both are exact).
-    ROOT_UPDATE_MAX_FRACTION = 0.25
-    #: Test-point evaluations expected per hyperparameter change (one BoTorch acquisition
-    #: optimisation is ~10^4-10^5), used to choose where the posterior is kept.
-    PREDICTIONS_PER_REFIT = 100_000
+    #: See :data:`streamgp.settings.FOLD_RANK` (overridable here).
+    FOLD_RANK = settings.FOLD_RANK
+    #: See :data:`streamgp.settings.ROOT_UPDATE_MAX_FRACTION` (overridable here).
+    ROOT_UPDATE_MAX_FRACTION = settings.ROOT_UPDATE_MAX_FRACTION
+    #: See :data:`streamgp.settings.PREDICTIONS_PER_REFIT` (overridable here).
+    PREDICTIONS_PER_REFIT = settings.PREDICTIONS_PER_REFIT
     #: In data space, the posterior is kept on the grid once ``n`` reaches this (None:
     #: where ``O(m^3)`` per refit plus ``O(4^d m)`` per test point undercut ``O(n^2)`` per
     #: test point, ``sqrt(4^d m + m^3 / PREDICTIONS_PER_REFIT)``: 272 for a 10^3 grid.

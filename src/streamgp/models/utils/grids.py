@@ -17,20 +17,17 @@ import torch
 from gpytorch.kernels import Kernel
 from torch import Tensor
 
+from streamgp import settings
 from streamgp.interpolation.grid import CubicGridInterpolation, data_grid_bounds, grown_grid_bounds
 from streamgp.linalg.grid_kernel import is_separable
 from streamgp.utils.validation import check_grid_bounds
 
-#: Total grid points aimed at by the default ``grid_size`` on a CPU: the dense exact
-#: path, whose ``O(m^3)`` refactorisation takes tens of milliseconds at this size.
-DEFAULT_GRID_POINTS = 1024
-#: The same on CUDA, where the dense ``m x m`` algebra is cheap up to ``MAX_DENSE_GRID``
-#: (``16^3``, ``64^2``): finer grids represent rougher functions at no cost in ``n``.
-DEFAULT_CUDA_GRID_POINTS = 4096
-#: Points per unit of (transformed) input extent along every axis of the default grid in
-#: ``d >= 4`` dimensions. There the model stays in data space, where an axis costs its
-#: own ``g`` (``O(n^2 sum_i g_i)`` per kernel matrix), never the grid's ``prod_i g_i``.
-HIGH_DIM_POINTS_PER_UNIT = 32
+#: See :data:`streamgp.settings.DEFAULT_GRID_POINTS` (overridable here).
+DEFAULT_GRID_POINTS = settings.DEFAULT_GRID_POINTS
+#: See :data:`streamgp.settings.DEFAULT_CUDA_GRID_POINTS` (overridable here).
+DEFAULT_CUDA_GRID_POINTS = settings.DEFAULT_CUDA_GRID_POINTS
+#: See :data:`streamgp.settings.HIGH_DIM_POINTS_PER_UNIT` (overridable here).
+HIGH_DIM_POINTS_PER_UNIT = settings.HIGH_DIM_POINTS_PER_UNIT
 
 
 class HighDimensionalGridWarning(UserWarning):
