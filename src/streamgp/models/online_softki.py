@@ -111,7 +111,8 @@ class FarFromPointsWarning(UserWarning):
 class SoftmaxPointInterpolation(torch.nn.Module):
     r"""SoftKI's softmax interpolation onto fixed points, with a grid interpolation's interface.
 
-    What :class:`~streamgp.models.WiskiGP` asks of its interpolation (``weights``,
+    What :class:`~streamgp.models.WiskiGP` asks of its interpolation
+    (:class:`~streamgp.interpolation.Interpolation`: ``weights``,
     ``num_grid``, ``dim``, ``bounds``, ``check_inside``, ``prediction_inputs``), for
     the free points ``Z`` and temperature ``T`` of SoftKI. The points and the
     temperature are buffers (saved in ``state_dict``, moved with the model, never

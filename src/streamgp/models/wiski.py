@@ -285,7 +285,7 @@ class WiskiGP(
             built without data starts with empty data-space statistics).
         interpolation: Instead of the regular grid, a function of the transformed
             training data ``(X, y, noise)`` (``noise`` None for learned noise) that
-            returns the interpolation: an object with the grid interpolation's interface
+            returns the interpolation: an :class:`~streamgp.interpolation.Interpolation`
             (``weights``, ``num_grid``, ``grid_size``, ``dim``, ``bounds``,
             ``check_inside``, ``prediction_inputs``). It is called once the kernel and
             the likelihood exist, so it may learn the interpolation with them (as
