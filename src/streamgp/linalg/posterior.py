@@ -33,8 +33,16 @@ if TYPE_CHECKING:
     from streamgp.linalg.posterior_covariance import AmortizedCache
 
 
+class _PerOutput(Protocol):
+    r"""A piece whose outputs can be taken apart (BoTorch's ``subset_output``)."""
+
+    def select_outputs(self, pick: Callable[[Tensor, int], Tensor]) -> Any:
+        r"""The piece of some outputs, ``pick(tensor, dim)`` applied to each per-output
+        tensor; the factors shared by all outputs stay shared."""
+
+
 @runtime_checkable
-class Posterior(Protocol):
+class Posterior(_PerOutput, Protocol):
     r"""The SKI posterior given a model's statistics, in grid space or in data space.
 
     Example:
@@ -55,12 +63,9 @@ class Posterior(Protocol):
     def cache(self) -> AmortizedCache:
         r"""A product built once the predictions it speeds up have paid for it."""
 
-    def select_outputs(self, pick: Callable[[Tensor, int], Tensor]) -> Any:
-        r"""The posterior of some outputs (the factors shared by all outputs stay shared)."""
-
 
 @runtime_checkable
-class PosteriorCorrection(Protocol):
+class PosteriorCorrection(_PerOutput, Protocol):
     r"""A correction of a :class:`Posterior` from conditioning on ``Q`` more rows.
 
     Example:
@@ -76,9 +81,6 @@ class PosteriorCorrection(Protocol):
     @property
     def rank(self) -> int:
         r"""``Q``, the rows conditioned on (0: no correction)."""
-
-    def select_outputs(self, pick: Callable[[Tensor, int], Tensor]) -> Any:
-        r"""The correction of some outputs."""
 
     def condition(
         self, posterior: Any, W_q: InterpolationRows, y: Tensor, noise: Tensor
