@@ -210,6 +210,10 @@ __all__ = [
 UNLIMITED_DATA_SPACE = 2**62
 
 
+# WiskiGP holds its options, its state (what an update may change and what a cache is)
+# and the posterior's life cycle: built from the statistics, updated by rows, folded,
+# compressed to LOVE. Each other job is a mixin in streamgp.models._wiski (see there),
+# listed before the other bases so that every attribute resolves as in one class.
 class WiskiGP(
     UpdatesMixin,
     RebuildMixin,
@@ -582,6 +586,7 @@ class WiskiGP(
             device=self._statistics.device, dtype=self._statistics.dtype
         )
 
+    # ---------------------------------------------------- the posterior's life cycle
     def kernel_root(self) -> GridKernelRoot:
         r"""Root ``L_K`` of ``K_UU`` at the current hyperparameters (differentiable)."""
         return grid_kernel_root(self.covar_module, self.interpolation.grid)
