@@ -94,8 +94,9 @@ __all__ = [
 # ------------------------------------------------------------------ tuning constants
 # The knobs of streamgp's models and numerical kernels, each defined once here. Where they
 # are used they are the default of a class attribute or module constant of the same name
-# (``WiskiGP.MAX_DENSE_GRID = settings.MAX_DENSE_GRID``), which can be overridden there,
-# per class or per module, without touching the others (``WiskiGP.FOLD_RANK = 64``).
+# (``WiskiGP.MAX_DENSE_GRID = settings.MAX_DENSE_GRID``; LOVE's two are
+# ``love.DEFAULT_TOLERANCE`` and ``love.DEFAULT_BLOCK_SIZE``), which can be overridden
+# there, per class or per module, without touching the others (``WiskiGP.FOLD_RANK = 64``).
 # Most trade time for memory and change no result beyond round-off; the grid's default
 # size and box, LOVE's tolerance and the warning thresholds are part of what a model is.
 
