@@ -53,3 +53,46 @@ def test_recorded_factorisation_failures_make_one_flag():
         checks.record_failure(torch.tensor([False, True]))
         assert bool(checks.failure_flag())
         checks.failures.clear()
+
+
+def test_every_tuning_constant_is_the_default_where_it_is_used():
+    """Each knob is defined once, in streamgp.settings; the class attributes and module
+    constants that use it default to it (and can be overridden there)."""
+    from streamgp import settings
+    from streamgp.interpolation import grid
+    from streamgp.linalg import factor, love, posterior_covariance, statistics
+    from streamgp.models import KissGP, WiskiGP, additive_wiski, softki
+    from streamgp.models.online_softki import SoftmaxPointInterpolation
+    from streamgp.models.utils import grids, resolution
+
+    uses = {
+        "DEFAULT_GRID_POINTS": [grids],
+        "DEFAULT_CUDA_GRID_POINTS": [grids],
+        "HIGH_DIM_POINTS_PER_UNIT": [grids],
+        "DEFAULT_GROUP_GRID_SIZE": [additive_wiski],
+        "MAX_DENSE_GRID": [WiskiGP, KissGP],
+        "STATISTICS_CHUNK": [WiskiGP, KissGP],
+        "GRID_MARGIN": [grid],
+        "GRID_GROWTH": [grid],
+        "MIN_SPACINGS_PER_LENGTHSCALE": [resolution],
+        "FOLD_RANK": [WiskiGP],
+        "ROOT_UPDATE_MAX_FRACTION": [WiskiGP],
+        "PREDICTIONS_PER_REFIT": [WiskiGP],
+        "PENDING_FRACTION": [statistics],
+        "MAX_CACHE_ENTRIES": [posterior_covariance],
+        "GATHER_COST_RATIO": [posterior_covariance],
+        "LAPACK_MIN_SIZE": [factor],
+        "QR_CHUNK": [softki],
+        "SMALL_NOISE_RATIO": [softki],
+        "NOISE_CHECK_ROWS": [softki],
+        "FAR_MARGIN": [SoftmaxPointInterpolation],
+    }
+    assert set(uses) | {"LOVE_TOLERANCE", "LANCZOS_BLOCK_SIZE"} == {
+        name for name in settings.__all__ if name.isupper()
+    }
+    for name, places in uses.items():
+        for place in places:
+            assert getattr(place, name) is getattr(settings, name), (place, name)
+    assert love.DEFAULT_TOLERANCE is settings.LOVE_TOLERANCE
+    assert WiskiGP.love_tolerance is KissGP.love_tolerance is settings.LOVE_TOLERANCE
+    assert love.DEFAULT_BLOCK_SIZE is settings.LANCZOS_BLOCK_SIZE

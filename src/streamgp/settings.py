@@ -1,5 +1,10 @@
 r"""Global settings of streamgp (context managers, as gpytorch's and BoTorch's settings).
 
+It holds two kinds: switches, as context managers (below), and the tuning constants of
+the models and numerical kernels (``MAX_DENSE_GRID``, ``FOLD_RANK``, ``DEFAULT_GRID_POINTS``,
+...), each defined once here and read as the default of a class attribute or module
+constant of the same name where it is used, which can be overridden there.
+
 :class:`skip_value_checks` switches off the checks that read tensor *values* on the host:
 finite inputs, inputs inside the grid, positive noise, the info of every Cholesky
 factorisation, and the value comparison that tells whether hyperparameters changed since
@@ -52,7 +57,27 @@ from gpytorch.settings import _feature_flag
 from torch import Tensor
 
 __all__ = [
+    "DEFAULT_CUDA_GRID_POINTS",
+    "DEFAULT_GRID_POINTS",
+    "DEFAULT_GROUP_GRID_SIZE",
+    "FAR_MARGIN",
+    "FOLD_RANK",
+    "GATHER_COST_RATIO",
+    "GRID_GROWTH",
+    "GRID_MARGIN",
+    "HIGH_DIM_POINTS_PER_UNIT",
+    "LANCZOS_BLOCK_SIZE",
+    "LAPACK_MIN_SIZE",
+    "LOVE_TOLERANCE",
+    "MAX_CACHE_ENTRIES",
     "MAX_DENSE_GRID",
+    "MIN_SPACINGS_PER_LENGTHSCALE",
+    "NOISE_CHECK_ROWS",
+    "PENDING_FRACTION",
+    "PREDICTIONS_PER_REFIT",
+    "QR_CHUNK",
+    "ROOT_UPDATE_MAX_FRACTION",
+    "SMALL_NOISE_RATIO",
     "STATISTICS_CHUNK",
     "ValueChecks",
     "cuda_graphs",
@@ -67,14 +92,107 @@ __all__ = [
 ]
 
 # ------------------------------------------------------------------ tuning constants
-# Defined once here; the grid models' class attributes of the same names default to
-# them and can be overridden per class (``WiskiGP.MAX_DENSE_GRID = ...``).
+# The knobs of streamgp's models and numerical kernels, each defined once here. Where they
+# are used they are the default of a class attribute or module constant of the same name
+# (``WiskiGP.MAX_DENSE_GRID = settings.MAX_DENSE_GRID``; LOVE's two are
+# ``love.DEFAULT_TOLERANCE`` and ``love.DEFAULT_BLOCK_SIZE``), which can be overridden
+# there, per class or per module, without touching the others (``WiskiGP.FOLD_RANK = 64``).
+# Most trade time for memory and change no result beyond round-off; the grid's default
+# size and box, LOVE's tolerance and the warning thresholds are part of what a model is.
 
-#: Largest grid (in points) whose ``m x m`` algebra a grid model forms densely; larger
-#: grids take the structured, LOVE-rooted path (decided at construction).
+# Grids: the default grid, its box and its resolution (streamgp.models.utils.grids,
+# streamgp.interpolation.grid, streamgp.models.utils.resolution).
+
+DEFAULT_GRID_POINTS = 1024
+r"""Total grid points aimed at by the default ``grid_size`` on a CPU: the dense exact
+path, whose ``O(m^3)`` refactorisation takes tens of milliseconds at this size."""
+DEFAULT_CUDA_GRID_POINTS = 4096
+r"""The same on CUDA, where the dense ``m x m`` algebra is cheap up to ``MAX_DENSE_GRID``
+(``16^3``, ``64^2``): finer grids represent rougher functions at no cost in ``n``."""
+HIGH_DIM_POINTS_PER_UNIT = 32
+r"""Points per unit of (transformed) input extent along every axis of the default grid in
+``d >= 4`` dimensions. There the model stays in data space, where an axis costs its
+own ``g`` (``O(n^2 sum_i g_i)`` per kernel matrix), never the grid's ``prod_i g_i``."""
+DEFAULT_GROUP_GRID_SIZE = {1: 64, 2: 16, 3: 8}
+r"""Default points per axis of a group's grid, by the group's size (1, 2 or 3 dimensions):
+64, 16^2 = 256 and 8^3 = 512 grid points per group."""
 MAX_DENSE_GRID = 4096
-#: Rows per chunk when a grid model accumulates the statistics of many observations.
+r"""Largest grid (in points) whose ``m x m`` algebra a grid model forms densely; larger
+grids take the structured, LOVE-rooted path (decided at construction)."""
 STATISTICS_CHUNK = 8192
+r"""Rows per chunk when a grid model accumulates the statistics of many observations."""
+GRID_MARGIN = 0.2
+r"""Least margin of a grid box beyond the data, on each side, as a fraction of the data's
+extent: a grid built on inputs normalised from the data themselves
+(``Normalize(d)`` without bounds) then also covers the search box around them, where
+acquisition functions evaluate, without re-gridding. Few points leave wider gaps to
+the search box's sides, so the margin is at least ``log(40 d) / (n - 1)`` (at most 1):
+for ``n`` points drawn uniformly in ``d`` dimensions, the gap at one side exceeds
+``t / (n - 1)`` of their extent with probability about ``exp(-t)``, so all ``2 d``
+gaps are inside that margin with probability about 0.95."""
+GRID_GROWTH = 0.5
+r"""A re-grid moves each side it has to move by at least this fraction of the box's
+extent, so the extent grows geometrically and a point at distance ``D`` beyond a box
+of extent ``E`` costs ``O(log(D / E))`` re-grids in all."""
+MIN_SPACINGS_PER_LENGTHSCALE = 2.0
+r"""Fewest grid spacings per fitted lengthscale before a grid model warns with
+``CoarseGridWarning``: at two spacings SKI's RBF prior variance is within about 1% of
+``k(x, x)`` (0.5% at 2.7 and 6% at 1.35 spacings, in the measurement of the docs of
+:mod:`streamgp.models.utils.resolution`); ``refine_grid`` aims at it."""
+
+# WISKI's updates and where its posterior is kept (streamgp.models.WiskiGP).
+
+FOLD_RANK = 32
+r"""In grid space, small batches are first held as a low-rank correction of the root
+(what ``condition_on_observations`` builds, ``O(m q Q)``), and folded into the
+statistics and the root once its rank reaches ``FOLD_RANK``: one rank-``Q`` update
+of the ``m x m`` root instead of ``Q / q`` memory-bound rank-``q`` ones."""
+ROOT_UPDATE_MAX_FRACTION = 0.25
+r"""A grid-space batch of ``q`` rows is absorbed by the rank-``q`` root update while
+``q <= ROOT_UPDATE_MAX_FRACTION * m``; larger batches refactorise from the
+statistics, which is then cheaper (both are exact)."""
+PREDICTIONS_PER_REFIT = 100_000
+r"""Test-point evaluations expected per hyperparameter change (one BoTorch acquisition
+optimisation is ~10^4-10^5), used to choose where the posterior is kept."""
+
+# Linear algebra (streamgp.linalg).
+
+LOVE_TOLERANCE = 1e-8
+r"""LOVE's default relative tolerance on the captured trace, ``tr(M - R R^T) / tr(M)``
+(``streamgp.linalg.love.DEFAULT_TOLERANCE``; the grid models' ``love_tolerance``)."""
+LANCZOS_BLOCK_SIZE = 64
+r"""Columns per block of ``streamgp.linalg.love.block_lanczos_root`` (its
+``DEFAULT_BLOCK_SIZE``: products with ``M`` and the re-orthogonalisation become
+matrix-matrix products of this width)."""
+PENDING_FRACTION = 1 / 8
+r"""A sparse grid statistic merges the rows added since its last merge once their non-zeros
+reach this fraction of its own: merging costs ``O(nnz(A))`` (a sort when new grid
+pairs appear: 0.3-0.7 s at ``32^3``), so a stream of ``q``-point observations pays it
+once per ``~nnz(A) / (8 q 16^d)`` calls instead of at every call."""
+MAX_CACHE_ENTRIES = 2**24
+r"""Largest cached matrix (entries) a posterior keeps to speed up predictions: an exact
+``m x m`` grid covariance up to ``m = 4096`` (134 MB in float64)."""
+GATHER_COST_RATIO = 30.0
+r"""How much dearer one multiply-add of a sparse interpolation product (a gather from
+memory) is than one of a dense BLAS product on the same machine; measured ~30 on
+an x86 CPU core (0.8 vs 25 GMAC/s). Used to price a cache against the work it saves."""
+LAPACK_MIN_SIZE = 128
+r"""Matrices at least this large (on the CPU, float32/float64) go to LAPACK through SciPy;
+below it the conversion's overhead is comparable to the factorisation."""
+
+# SoftKI (streamgp.models.softki, streamgp.models.online_softki).
+
+QR_CHUNK = 4096
+r"""Rows per block of SoftKI's blocked (TSQR) factorisation: memory ``O(QR_CHUNK m)``."""
+SMALL_NOISE_RATIO = 10.0
+r"""``SoftKIGP.fit`` warns when a fixed noise variance is below the training residuals'
+mean square over this ratio (``SmallFixedNoiseWarning``)."""
+NOISE_CHECK_ROWS = 1024
+r"""Training rows (evenly spaced) whose residuals that check reads."""
+FAR_MARGIN = 0.5
+r"""How far beyond the bounding box of an online SoftKI model's points an input is "far"
+(``FarFromPointsWarning``), as a fraction of the box's largest side: its softmax
+weights then fall on the nearest points alone."""
 
 
 class skip_value_checks(_feature_flag):  # noqa: N801 (gpytorch's settings style)

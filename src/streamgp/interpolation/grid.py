@@ -24,6 +24,7 @@ import torch
 from gpytorch.utils.grid import create_grid
 from torch import Tensor
 
+from streamgp import settings
 from streamgp.settings import skip_value_checks, value_check, value_warning
 
 
@@ -591,19 +592,10 @@ class CubicGridInterpolation(GridBox):
 
 
 # ------------------------------------------------------------- grid boxes from data
-#: Least margin of a grid box beyond the data, on each side, as a fraction of the data's
-#: extent: a grid built on inputs normalised from the data themselves
-#: (``Normalize(d)`` without bounds) then also covers the search box around them, where
-#: acquisition functions evaluate, without re-gridding. Few points leave wider gaps to
-#: the search box's sides, so the margin is at least ``log(40 d) / (n - 1)`` (at most 1):
-#: for ``n`` points drawn uniformly in ``d`` dimensions, the gap at one side exceeds
-#: ``t / (n - 1)`` of their extent with probability about ``exp(-t)``, so all ``2 d``
-#: gaps are inside that margin with probability about 0.95.
-GRID_MARGIN = 0.2
-#: A re-grid moves each side it has to move by at least this fraction of the box's
-#: extent, so the extent grows geometrically and a point at distance ``D`` beyond a box
-#: of extent ``E`` costs ``O(log(D / E))`` re-grids in all.
-GRID_GROWTH = 0.5
+#: See :data:`streamgp.settings.GRID_MARGIN` (overridable here).
+GRID_MARGIN = settings.GRID_MARGIN
+#: See :data:`streamgp.settings.GRID_GROWTH` (overridable here).
+GRID_GROWTH = settings.GRID_GROWTH
 
 
 def _extent(lower: Tensor, upper: Tensor) -> Tensor:

@@ -18,6 +18,7 @@ from streamgp.linalg.love import (
     lanczos_root,
     sample_with_root,
 )
+from streamgp.linalg.posterior import Posterior, PosteriorCorrection
 from streamgp.linalg.posterior_covariance import PosteriorCovariance
 from streamgp.linalg.prior_variance import PriorVarianceCorrection, root_covariance
 from streamgp.linalg.sparse_gp import (
@@ -26,7 +27,7 @@ from streamgp.linalg.sparse_gp import (
     sparse_posterior,
     streaming_collapsed_bound,
 )
-from streamgp.linalg.statistics import DataStatistics, GridStatistics
+from streamgp.linalg.statistics import DataStatistics, GridStatistics, Statistics
 from streamgp.linalg.woodbury import (
     GridPosterior,
     LowRankCorrection,
@@ -41,7 +42,10 @@ __all__ = [
     "DataPosterior",
     "DataStatistics",
     "GridStatistics",
+    "Statistics",
     "KernelFeatures",
+    "Posterior",
+    "PosteriorCorrection",
     "PosteriorCovariance",
     "PriorVarianceCorrection",
     "GridKernelRoot",

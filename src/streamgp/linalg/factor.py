@@ -24,11 +24,11 @@ import torch
 from scipy.linalg import lapack
 from torch import Tensor
 
+from streamgp import settings
 from streamgp.settings import active_value_checks, skip_value_checks
 
-#: Matrices at least this large (on the CPU, float32/float64) go to LAPACK through SciPy;
-#: below it the conversion's overhead is comparable to the factorisation.
-LAPACK_MIN_SIZE = 128
+#: See :data:`streamgp.settings.LAPACK_MIN_SIZE` (overridable here).
+LAPACK_MIN_SIZE = settings.LAPACK_MIN_SIZE
 
 
 def _lapack_eligible(A: Tensor) -> bool:

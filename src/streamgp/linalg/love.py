@@ -53,10 +53,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from streamgp import settings
+
 #: Seed of the deterministic pseudo-random start vectors (reproducible roots).
 START_SEED = 20180710
-#: Default relative tolerance on the captured trace, ``tr(M - R R^T) / tr(M)``.
-DEFAULT_TOLERANCE = 1e-8
+#: See :data:`streamgp.settings.LOVE_TOLERANCE` (overridable here).
+DEFAULT_TOLERANCE = settings.LOVE_TOLERANCE
 
 
 @dataclass(frozen=True)
@@ -331,9 +333,8 @@ def sample_with_root(mean: Tensor, root: Tensor, base_samples: Tensor) -> Tensor
     return mean + (root @ base_samples.unsqueeze(-1)).squeeze(-1)
 
 
-#: Columns per block of :func:`block_lanczos_root` (products with ``M`` and the
-#: re-orthogonalisation become matrix-matrix products of this width).
-DEFAULT_BLOCK_SIZE = 64
+#: See :data:`streamgp.settings.LANCZOS_BLOCK_SIZE` (overridable here).
+DEFAULT_BLOCK_SIZE = settings.LANCZOS_BLOCK_SIZE
 
 
 @dataclass(frozen=True)

@@ -27,15 +27,13 @@ from linear_operator.operators import DenseLinearOperator
 from linear_operator.utils.generic import _to_helper
 from torch import Tensor
 
+from streamgp import settings
 from streamgp.linalg.grid_kernel import KernelFeatures
 
-#: Largest cached matrix (entries) a posterior keeps to speed up predictions: an exact
-#: ``m x m`` grid covariance up to ``m = 4096`` (134 MB in float64).
-MAX_CACHE_ENTRIES = 2**24
-#: How much dearer one multiply-add of a sparse interpolation product (a gather from
-#: memory) is than one of a dense BLAS product on the same machine; measured ~30 on
-#: an x86 CPU core (0.8 vs 25 GMAC/s). Used to price a cache against the work it saves.
-GATHER_COST_RATIO = 30.0
+#: See :data:`streamgp.settings.MAX_CACHE_ENTRIES` (overridable here).
+MAX_CACHE_ENTRIES = settings.MAX_CACHE_ENTRIES
+#: See :data:`streamgp.settings.GATHER_COST_RATIO` (overridable here).
+GATHER_COST_RATIO = settings.GATHER_COST_RATIO
 
 
 class AmortizedCache:

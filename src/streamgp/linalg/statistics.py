@@ -42,6 +42,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from streamgp import settings
 from streamgp.interpolation.grid import InterpolationWeights
 from streamgp.linalg.data_space import DataPosterior
 from streamgp.linalg.grid_gram import CellGram
@@ -143,11 +144,8 @@ def _add_sparse(A: Tensor, B: Tensor) -> Tensor:
     return (A + B).coalesce()
 
 
-#: A sparse statistic merges the rows added since its last merge once their non-zeros
-#: reach this fraction of its own: merging costs ``O(nnz(A))`` (a sort when new grid
-#: pairs appear: 0.3-0.7 s at ``32^3``), so a stream of ``q``-point observations pays it
-#: once per ``~nnz(A) / (8 q 16^d)`` calls instead of at every call.
-PENDING_FRACTION = 1 / 8
+#: See :data:`streamgp.settings.PENDING_FRACTION` (overridable here).
+PENDING_FRACTION = settings.PENDING_FRACTION
 
 
 def _sum_sparse(parts: tuple[Tensor, ...]) -> Tensor:

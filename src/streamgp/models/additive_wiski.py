@@ -58,6 +58,7 @@ from gpytorch.means import ConstantMean, ZeroMean
 from gpytorch.priors import GammaPrior
 from torch import Tensor
 
+from streamgp import settings
 from streamgp.interpolation.grid import (
     CubicGridInterpolation,
     GridBox,
@@ -74,9 +75,8 @@ from streamgp.utils.validation import (
     learns_input_coefficients,
 )
 
-#: Default points per axis of a group's grid, by the group's size (1, 2 or 3 dimensions):
-#: 64, 16^2 = 256 and 8^3 = 512 grid points per group.
-DEFAULT_GROUP_GRID_SIZE = {1: 64, 2: 16, 3: 8}
+#: See :data:`streamgp.settings.DEFAULT_GROUP_GRID_SIZE` (overridable here).
+DEFAULT_GROUP_GRID_SIZE = settings.DEFAULT_GROUP_GRID_SIZE
 #: Largest group (dimensions): a group's grid and its ``4^|S|`` weights grow
 #: exponentially with it, as WISKI's do with ``d``.
 MAX_GROUP_SIZE = 3

@@ -157,8 +157,8 @@ from streamgp.models.utils import (
 )
 from streamgp.models.utils.defaults import DEFAULT, _DefaultType, mean_module_or_default
 from streamgp.models.utils.fixed_noise import bind_row_noise, concat_rows
+from streamgp.models.utils.grids import build_grid
 from streamgp.models.utils.resolution import GridResolutionMixin
-from streamgp.models.wiski import build_grid
 from streamgp.settings import exact_prior_variance as exact_prior_variance_setting
 from streamgp.settings import skip_value_checks
 from streamgp.utils.validation import (

@@ -76,6 +76,7 @@ from gpytorch.likelihoods import GaussianLikelihood
 from gpytorch.means import Mean
 from torch import Tensor
 
+from streamgp import settings
 from streamgp.interpolation.grid import InterpolationWeights, grown_grid_bounds
 from streamgp.interpolation.softmax import DenseInterpolationWeights, softmax_interpolation
 from streamgp.linalg.grid_kernel import GridKernelRoot, point_kernel_root
@@ -111,7 +112,8 @@ class FarFromPointsWarning(UserWarning):
 class SoftmaxPointInterpolation(torch.nn.Module):
     r"""SoftKI's softmax interpolation onto fixed points, with a grid interpolation's interface.
 
-    What :class:`~streamgp.models.WiskiGP` asks of its interpolation (``weights``,
+    What :class:`~streamgp.models.WiskiGP` asks of its interpolation
+    (:class:`~streamgp.interpolation.Interpolation`: ``weights``,
     ``num_grid``, ``dim``, ``bounds``, ``check_inside``, ``prediction_inputs``), for
     the free points ``Z`` and temperature ``T`` of SoftKI. The points and the
     temperature are buffers (saved in ``state_dict``, moved with the model, never
@@ -166,9 +168,8 @@ class SoftmaxPointInterpolation(torch.nn.Module):
     def check_inside(self, X: Tensor, name: str = "X") -> None:
         r"""Nothing to check: softmax weights are defined at every input."""
 
-    #: How far beyond the points' bounding box a point is "far", as a fraction of the
-    #: box's largest side: its softmax weights then fall on the nearest points alone.
-    FAR_MARGIN = 0.5
+    #: See :data:`streamgp.settings.FAR_MARGIN` (overridable here).
+    FAR_MARGIN = settings.FAR_MARGIN
 
     def far(self, X: Tensor) -> Tensor:
         r"""Whether any row of ``X`` lies more than :attr:`FAR_MARGIN` of the points' box

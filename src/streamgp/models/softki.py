@@ -83,6 +83,7 @@ from gpytorch.means import ConstantMean, Mean, ZeroMean
 from gpytorch.models import GP
 from torch import Tensor
 
+from streamgp import settings
 from streamgp.inducing.kmeans import KMeansSelector
 from streamgp.interpolation.softmax import DenseInterpolationWeights, softmax_weights
 from streamgp.linalg.grid_kernel import cholesky_with_jitter
@@ -123,13 +124,12 @@ DEFAULT_NUM_INDUCING = 512
 #: its nearest neighbour: small enough that a point's weight concentrates on its few
 #: nearest interpolation points, large enough that weights vary smoothly.
 DEFAULT_RELATIVE_TEMPERATURE = 0.5
-#: Rows per block of the blocked (TSQR) factorisation: memory ``O(QR_CHUNK m)``.
-QR_CHUNK = 4096
-#: :meth:`SoftKIGP.fit` warns when a fixed noise variance is below the training residuals'
-#: mean square over this ratio (:class:`SmallFixedNoiseWarning`).
-SMALL_NOISE_RATIO = 10.0
-#: Training rows (evenly spaced) whose residuals that check reads.
-NOISE_CHECK_ROWS = 1024
+#: See :data:`streamgp.settings.QR_CHUNK` (overridable here).
+QR_CHUNK = settings.QR_CHUNK
+#: See :data:`streamgp.settings.SMALL_NOISE_RATIO` (overridable here).
+SMALL_NOISE_RATIO = settings.SMALL_NOISE_RATIO
+#: See :data:`streamgp.settings.NOISE_CHECK_ROWS` (overridable here).
+NOISE_CHECK_ROWS = settings.NOISE_CHECK_ROWS
 
 
 class SmallFixedNoiseWarning(UserWarning):

@@ -16,6 +16,8 @@ r"""What every streamgp model shares: posterior template, transforms, views, cac
   variational models keep between batches.
 - :mod:`~streamgp.models.utils.observations`: the raw observations a grid model keeps
   for exact re-grids.
+- :mod:`~streamgp.models.utils.grids`: the default grid of a grid model (its size and
+  box) and the grid it builds.
 """
 
 from streamgp.models.utils.cache import (

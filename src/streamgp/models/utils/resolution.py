@@ -25,12 +25,11 @@ import math
 import warnings
 from typing import Any
 
+from streamgp import settings
 from streamgp.settings import skip_value_checks
 
-#: Fewest grid spacings per fitted lengthscale before :class:`CoarseGridWarning`: at two
-#: spacings SKI's RBF prior variance is within about 1% of ``k(x, x)`` (0.5% at 2.7 and 6%
-#: at 1.35 spacings, in the measurement of the module docs).
-MIN_SPACINGS_PER_LENGTHSCALE = 2.0
+#: See :data:`streamgp.settings.MIN_SPACINGS_PER_LENGTHSCALE` (overridable here).
+MIN_SPACINGS_PER_LENGTHSCALE = settings.MIN_SPACINGS_PER_LENGTHSCALE
 
 
 class CoarseGridWarning(UserWarning):

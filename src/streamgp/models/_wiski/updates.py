@@ -1,0 +1,254 @@
+r"""How a :class:`~streamgp.models.WiskiGP` takes new observations.
+
+- ``observe``: in place and transactional; in grid space small batches are held as a
+  low-rank correction and folded every ``FOLD_RANK`` ranks; an observation outside the
+  grid's box re-grids (:mod:`.rebuild`).
+- ``condition_on_observations``: a new model (a view) with a rank-``q`` correction of
+  this one's posterior, as BoTorch's fantasies need.
+- ``subset_output``: a view of some outputs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from gpytorch.means import ConstantMean
+from torch import Tensor
+
+from streamgp.interpolation.grid import GridBox, InterpolationWeights, grown_grid_bounds
+from streamgp.linalg.woodbury import GridPosterior
+from streamgp.models.utils import conditioning_noise, shallow_view, transaction
+from streamgp.models.utils.fixed_noise import bind_row_noise
+from streamgp.settings import immediate_value_checks, skip_value_checks
+from streamgp.utils.validation import check_conditioning_data, check_new_observations
+
+if TYPE_CHECKING:
+    from streamgp.models.wiski import WiskiGP
+
+
+class UpdatesMixin:
+    r"""``observe``, ``condition_on_observations``, ``subset_output`` and views.
+
+    Part of :class:`~streamgp.models.WiskiGP`, which inherits its methods unchanged.
+    """
+
+    def observe(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> WiskiGP:
+        r"""Absorb new observations in place, in ``O(m^2 q)`` time (independent of ``n``).
+
+        Args:
+            X: ``q x d`` new inputs (original space).
+            Y: ``q x k`` new targets (``k`` outputs) (original space).
+            Yvar: ``q x k`` noise variances (original space); required exactly when
+                the model was built with ``train_Yvar``.
+
+        Returns:
+            The model itself. On invalid input, or any failure (a factorisation, an
+            interrupt) on the way, raises and leaves the model unchanged.
+        """
+        with transaction(self):  # any exception (KeyboardInterrupt too) rolls back
+            return self._observe(X, Y, Yvar)
+
+    def _observe(self, X: Tensor, Y: Tensor, Yvar: Tensor | None) -> WiskiGP:
+        with self._checked_call() as checks:  # one host read of the value checks
+            check_new_observations(
+                X,
+                Y,
+                Yvar,
+                like=self.interpolation.bounds,
+                dim=self.interpolation.dim,
+                fixed_noise=self.fixed_noise,
+                num_outputs=self._num_outputs,
+            )
+            X_t, Y_t, Yvar_t = self._transform_new_data(X, Y, Yvar)
+            if self._conditioning_log and len(self.batch_shape) > 0 and len(X):
+                raise RuntimeError(
+                    "observe is not available on a model conditioned on batched (fantasy) "
+                    "observations; observe on the parent model instead."
+                )
+            outside = []  # set at the read: whether a kept-data model must re-grid
+            if self.observations is None:
+                self._check_observed_inputs(X_t)
+            elif not skip_value_checks.on() and len(X):
+                flag = self.interpolation.any_outside(X_t)
+                checks.decide(flag, outside.append)
+            noise = None if Yvar_t is None else self._shared_noise(Yvar_t, "Yvar")
+            self._read_checks(checks)
+            if outside and outside[0]:
+                with immediate_value_checks():
+                    bounds = grown_grid_bounds(self.interpolation.bounds, X_t.detach())
+                    self._regrid(bounds, X, Y, Yvar)
+                return self
+            if len(X) == 0:
+                return self
+            self._observe_on_grid(X_t, Y_t, noise)
+            self._pending_failure = self._take_failures(checks)
+        if self.observations is not None:
+            self.observations.append(X, Y, Yvar)
+        return self
+
+    def _check_observed_inputs(self, X_t: Tensor) -> None:
+        r"""Check observed inputs (transformed) against the interpolation's domain, in the
+        call's one read: a grid without kept data refuses points outside its box."""
+        self.interpolation.check_inside(X_t, "X")
+
+    def _observe_on_grid(self, X_t: Tensor, Y_t: Tensor, noise: Tensor | None) -> None:
+        r"""Absorb transformed rows inside the grid (the update of :meth:`observe`), with
+        their shared noise variances (``q``, fixed noise) or None."""
+        weights = self.interpolation.weights(X_t)
+        y = self._targets(Y_t)
+        if self._can_defer(y.shape[-1]):
+            self._defer(X_t.detach() if X_t.requires_grad else X_t, weights, y)
+            return
+        self._fold_conditioning()
+        with torch.no_grad():
+            statistics = self._statistics.add(weights, y, noise)
+            posterior = self._updated_posterior(weights, self._residuals(y), noise, statistics)
+        self._posterior = posterior
+        self._switch_space_if_needed(statistics)
+
+    def _can_defer(self, q: int) -> bool:
+        return (
+            isinstance(self._posterior, GridPosterior)
+            and not self.fixed_noise  # its likelihood holds the mean noise of all rows
+            and q <= self.ROOT_UPDATE_MAX_FRACTION * self.interpolation.num_grid
+            and self._caches_valid()
+        )
+
+    def _defer(self, X_t: Tensor, weights: InterpolationWeights, y: Tensor) -> None:
+        with torch.no_grad():
+            posterior = self.exact_posterior()
+            noise = self.noise_variance.detach().expand(y.shape[-1:])
+            self._correction = self._current_correction().condition(
+                posterior, weights, self._residuals(y), noise
+            )
+        # A new list: views made earlier share the old one.
+        self._conditioning_log = [*self._conditioning_log, (X_t, y, noise)]
+        if self._correction.rank >= self.FOLD_RANK:
+            self._fold_conditioning()
+
+    def condition_on_observations(
+        self, X: Tensor, Y: Tensor, noise: Tensor | None = None, **kwargs: Any
+    ) -> WiskiGP:
+        r"""A new model conditioned on ``(X, Y)``, sharing this model's grid root.
+
+        The new model holds a rank-``q`` correction of this model's posterior (no
+        copy of the ``m x m`` root), costs ``O(b m q)`` memory for ``b`` batches, and
+        is differentiable with respect to ``X`` (as qNIPV / qKG need). It shares the
+        kernel, likelihood and transform modules with this model (a view, not a
+        deep copy); ``observe`` on this model later does not affect it.
+
+        Args:
+            X: ``batch_shape x q x d`` inputs (original space).
+            Y: ``sample_shape x batch_shape x q x k`` targets (original space).
+            noise: Optional ``batch_shape x q x k`` noise variances in the
+                outcome-transformed space (BoTorch's convention); default: the
+                model's noise level (mean training noise for fixed noise).
+
+        Returns:
+            A ``WiskiGP`` with batch shape ``sample_shape + broadcast(batch, model.batch)``.
+        """
+        with self._checked_call() as checks:  # one host read of the value checks
+            check_conditioning_data(
+                X,
+                Y,
+                noise,
+                like=self.interpolation.bounds,
+                dim=self.interpolation.dim,
+                num_outputs=self._num_outputs,
+                # A grid box's check_inside refuses NaN and Inf too (they leave the box).
+                finite_X=not isinstance(self.interpolation, GridBox),
+            )
+            X_t, Y_t, _ = self._transform_new_data(X, Y)
+            self.interpolation.check_inside(X_t, "X")
+            if noise is not None and self._num_outputs > 1:
+                noise = self._shared_noise(noise, "noise").unsqueeze(-1)
+            self._read_checks(checks)
+            posterior = self.exact_posterior()
+            y = self._targets(Y_t)
+            noise_q = self._row_noise(conditioning_noise(noise, self, X))
+            correction = self._current_correction().condition(
+                posterior, self._rows(X_t), self._residuals(y), noise_q
+            )
+            new = self._view()
+            new._correction = correction
+            new._conditioning_log = [*self._conditioning_log, (X_t, y, noise_q)]
+            new._log_from_observe = False
+            new._pending_failure = self._take_failures(checks)  # read with its first call
+        return new
+
+    def subset_output(self, idcs: list[int]) -> WiskiGP:
+        r"""A model of the outputs ``idcs`` only, as BoTorch's ``subset_output``.
+
+        A view: the rows, the Gram statistics and the root stay shared; only the selected
+        outputs' targets, ``W^T y``, ``y^T y`` and grid means are taken (``O(|idcs| m)``).
+        The outcome transform is subset with it. For a model without a batch (fantasy)
+        shape.
+
+        Args:
+            idcs: Output indices, each in ``[0, num_outputs)``.
+
+        Returns:
+            A ``WiskiGP`` with ``len(idcs)`` outputs (single-output for one index).
+        """
+        k = self._num_outputs
+        idcs = list(idcs)
+        if not idcs or any(not isinstance(i, int) or not 0 <= i < k for i in idcs):
+            raise ValueError(f"idcs must be output indices in [0, {k}), got {idcs}.")
+        if len(self.batch_shape) > 0:
+            raise RuntimeError(
+                "subset_output is not available on a model conditioned on batched (fantasy) "
+                "observations; take it on the parent model."
+            )
+        new = self._view()
+        if idcs == list(range(k)):
+            return new
+        index = torch.tensor(idcs, device=self.interpolation.bounds.device)
+
+        def pick(tensor: Tensor, dim: int) -> Tensor:  # ``dim``: the output dimension
+            if len(idcs) == 1:
+                return tensor.select(dim, idcs[0])
+            return tensor.index_select(dim, index)
+
+        new._num_outputs = len(idcs)
+        new._statistics = self._statistics.select_outputs(pick)
+        if self._kept_rows() is not None:  # the kept rows of these outputs
+            store, _, outputs, n = new._row_source
+            outputs = idcs if outputs is None else [outputs[i] for i in idcs]
+            new._row_source = (store, new._statistics, outputs, n)
+        if self._posterior is not None:
+            new._posterior = self._posterior.select_outputs(pick)
+        if self._correction is not None:
+            new._correction = self._correction.select_outputs(pick)
+        new._conditioning_log = [(X, pick(y, -2), noise) for X, y, noise in self._conditioning_log]
+        new._love_cache = None
+        transform = getattr(self, "outcome_transform", None)
+        if transform is not None:
+            new.outcome_transform = transform.subset_output(idcs)
+        if isinstance(self.mean_module, ConstantMean) and self.mean_module.constant.numel() > 1:
+            # BoTorch's subset_output copies the picked outputs' hyperparameters.
+            constant = self.mean_module.constant.detach()
+            mean_module = ConstantMean(batch_shape=pick(constant, -1).shape).to(constant)
+            mean_module.constant = pick(constant, -1)
+            new.mean_module = mean_module
+        return new
+
+    def _view(self) -> WiskiGP:
+        r"""A new model object sharing this one's tensors and hyperparameter modules.
+
+        Cheap (no tensor or module copies): the statistics and grid factors are
+        immutable in practice (``observe`` replaces them rather than writing into
+        them), and a shared kernel/likelihood means a conditioned model is a view of
+        its parent with extra data. Changing hyperparameters on either model makes
+        that model rebuild its own factors from its own statistics.
+
+        A view keeps no raw observations (its parent's store grows in place): it cannot
+        re-grid, and refuses observations outside its grid.
+        """
+        new = shallow_view(self)
+        if self.observations is not None:
+            new._row_source = (self.observations, self._statistics, None, self._stored_count())
+        new.observations = None
+        if self.fixed_noise:  # its own likelihood: its rows' noise, never the parent's
+            new.likelihood = bind_row_noise(new)
+        return new
