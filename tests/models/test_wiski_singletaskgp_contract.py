@@ -114,6 +114,29 @@ def test_fantasy_model_has_its_own_likelihood_with_the_fantasy_noise(k, outcome_
     assert torch.equal(noise[..., len(X) :], torch.full_like(noise[..., len(X) :], 0.1))
 
 
+@pytest.mark.parametrize("k, outcome_transform", OUTPUTS_AND_TRANSFORMS)
+def test_a_fantasys_observation_noise_is_the_mean_of_its_own_rows(k, outcome_transform):
+    """BoTorch adds ``likelihood.noise.mean(-1)`` of each fantasy batch (its parent's rows
+    and its own), not the parent's mean: SingleTaskGP conditioned alike is the oracle."""
+    X, Y, Yvar = make_data(k=k)
+    kwargs = _transform_kwargs(outcome_transform)
+    model = WiskiGP(X, Y, Yvar, grid_size=32, **kwargs)
+    exact = SingleTaskGP(X, Y, Yvar, **kwargs)
+    exact.posterior(X[:1])  # gpytorch conditions only after a prediction
+    X_f = (0.2 + 0.6 * torch.rand(2, 3, 1, dtype=DTYPE)).expand(2, 3, 1)
+    Y_f = torch.randn(2, 3, k, dtype=DTYPE)
+    # Outcome-transformed noise, very different between the two batches.
+    noise = torch.stack([torch.full((3, k), 1e-3), torch.full((3, k), 2.0)]).to(DTYPE)
+    views = [m.condition_on_observations(X_f, Y_f, noise=noise) for m in (model, exact)]
+    Xs = torch.linspace(0.1, 0.9, 5, dtype=DTYPE).unsqueeze(-1)
+    added = [
+        v.posterior(Xs, observation_noise=True).variance - v.posterior(Xs).variance for v in views
+    ]
+    assert added[0].shape == added[1].shape == (2, 5, k)
+    assert rel_err(added[0], added[1]) < 1e-9
+    assert (added[0][1] > 10 * added[0][0]).all()  # each batch its own mean
+
+
 def test_a_conditioned_model_observing_leaves_its_parent_alone():
     """A view with fixed noise used to write the likelihood it shared with its parent."""
     X, Y, Yvar = make_data()

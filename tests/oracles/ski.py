@@ -108,8 +108,10 @@ class DenseSKIModel(DenseOracle):
 
     def condition_on_observations(self, X, Y, noise=None, **kwargs):
         y_new = Y.squeeze(-1)
-        if noise is None:
-            noise_new = self.wiski.noise_variance.detach().expand(X.shape[:-1])
+        if noise is None:  # BoTorch's rule (Model.fantasize): the mean of this model's rows'
+            mean = self._noise().detach().mean(-1, keepdim=True)
+            batch = torch.broadcast_shapes(mean.shape[:-1], X.shape[:-2])
+            noise_new = mean.expand(*batch, X.shape[-2])
         else:
             noise_new = noise.squeeze(-1)
         old_noise = self._noise().detach()

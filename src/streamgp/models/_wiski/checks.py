@@ -26,11 +26,28 @@ class ValueChecksMixin:
 
     @property
     def noise_variance(self) -> Tensor:
-        r"""The homoskedastic noise variance, or the mean fixed noise variance."""
+        r"""What ``posterior(X, observation_noise=True)`` adds: the homoskedastic noise
+        variance, or with fixed noise the mean of every row's, as ``SingleTaskGP``'s
+        ``likelihood.noise.mean(-1)``: a conditioned (fantasy) model's rows included, one
+        mean per batch (``batch x 1``, ``batch x 1 x 1`` for several outputs)."""
         noise = self._noise_level()
         if not self._in_verified_call():  # a checked call read it already
             self._check_noise(noise)
+        if self.fixed_noise and self._conditioning_log:
+            noise = self._mean_noise_with_conditioning()
         return noise
+
+    def _mean_noise_with_conditioning(self) -> Tensor:
+        r"""The mean fixed noise over the statistics' rows and the conditioning log's
+        (held-back observed rows or fantasy rows): ``O(q)``, never the kept rows."""
+        statistics = self._statistics
+        parts = self._log_parts(2)  # batch x q each
+        total = statistics.sum_noise + sum(part.sum(-1) for part in parts)
+        mean = (total / (statistics.n + sum(part.shape[-1] for part in parts))).detach()
+        if mean.dim() == 0:
+            return mean
+        mean = mean.unsqueeze(-1)
+        return mean.unsqueeze(-1) if self._num_outputs > 1 else mean
 
     def _noise_level(self) -> Tensor:
         r"""The learned noise variance; with fixed noise the mean of the observed rows'
