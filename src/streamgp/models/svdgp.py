@@ -431,6 +431,16 @@ class DecoupledSVGP(
         mean_term = mean_kl_term(self.mean_weights, self._kernel(alpha, columns), kl_columns)
         return expected_log_lik - decoupled_kl(mean_term, factors)
 
+    def _checkpoint_options(self) -> dict[str, Any]:
+        # The caps of the bases and of the replay set decide how the stream goes on (the
+        # bases and the replay set themselves, which grow to them, are state).
+        return {
+            **super()._checkpoint_options(),
+            "max_mean_basis": self.max_mean_basis,
+            "max_covar_basis": self.max_covar_basis,
+            "replay_size": self.replay_size,
+        }
+
     def _stream_state(self) -> dict[str, Any]:
         r"""The streaming state outside the parameters, for :meth:`checkpoint`.
 
