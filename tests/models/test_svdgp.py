@@ -750,3 +750,17 @@ def test_a_target_units_model_restores_bit_for_bit():
     with torch.no_grad():
         p, q = source.posterior(X_test), receiver.posterior(X_test)
     assert torch.equal(p.mean, q.mean) and torch.equal(p.variance, q.variance)
+
+
+def test_a_checkpoint_from_before_the_unit_restores():
+    # Checkpoints written before target_scale existed hold a and L themselves (unit one).
+    X, Y = _toy(20)
+    source = DecoupledSVGP(X, Y, max_mean_basis=16, max_covar_basis=6, num_init_steps=3)
+    checkpoint = source.checkpoint()
+    del checkpoint["state_dict"]["target_scale"], checkpoint["checksum"], checkpoint["meta"]
+    receiver = DecoupledSVGP(X[:5], 1e6 * Y[:5], outcome_transform=Standardize(1))
+    receiver.restore(checkpoint)
+    assert receiver.target_scale.item() == 1.0
+    X_test = _toy(5, seed=4)[0]
+    with torch.no_grad():
+        assert torch.equal(receiver.posterior(X_test).mean, source.posterior(X_test).mean)

@@ -504,6 +504,17 @@ class DecoupledSVGP(
         self._generator.set_state(state["generator"])
         self._load_optimizer_state(state["optimizer"])
 
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors
+    ) -> None:
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors
+        )
+        key = f"{prefix}target_scale"
+        if key in missing_keys:  # saved before the unit existed: the parameters were a, L
+            missing_keys.remove(key)
+            self.target_scale.fill_(1.0)
+
     def _prepare_state_load(self, state_dict: dict[str, Any]) -> None:
         # The bases grow with the stream: take the checkpoint's sizes.
         for name in _VARIATIONAL:
