@@ -9,6 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 from botorch.models.transforms import Normalize, Standardize
+from gpytorch.kernels import MaternKernel, ScaleKernel
+from gpytorch.means import ZeroMean
+from state_helpers import assert_same_model, copy_model
 
 from streamgp.models import (
     AdditiveWiskiGP,
@@ -18,6 +21,7 @@ from streamgp.models import (
     OnlineSGPR,
     OnlineSoftKIGP,
     OnlineSVGP,
+    SoftKIGP,
     WiskiGP,
 )
 from streamgp.models.base import checkpoint_checksum
@@ -118,7 +122,9 @@ def test_a_checkpoint_that_does_not_fit_leaves_the_model_as_it_was(name):
     for parameter in source.parameters():
         parameter.data.add_(0.5)
     bad = source.checkpoint()
-    del bad["checksum"]  # edited below: what is tested is the fit, not the checksum
+    # Edited below: what is tested is the fit (and the rollback of a load that fails
+    # part way), not the checksum or the recorded shapes that would refuse it first.
+    del bad["checksum"], bad["meta"]["shapes"]
     if isinstance(source, KissGP):  # its data are the stream part of the checkpoint
         bad["stream"]["train_X"] = bad["stream"]["train_X"][..., :1]
     else:
@@ -247,3 +253,108 @@ def test_a_checkpoint_of_another_dtype_or_other_state_options_is_refused_naming_
     _assert_same_predictions(
         other_grid.restore(source.checkpoint()), source, torch.rand(4, 2, dtype=DTYPE)
     )
+
+
+def _other(name: str, **options):
+    r"""A model like ``FACTORIES[name]``'s with ``options`` changed (issue 37's options that
+    shape the state)."""
+    X, Y = _data(20)
+    builders = {
+        "OnlineSGPR": lambda: OnlineSGPR(X, Y, steps_per_batch=2, **_transforms(), **options),
+        "DecoupledSVGP": lambda: DecoupledSVGP(
+            X, Y, num_init_steps=5, num_steps=3, minibatch_size=8, **_transforms(), **options
+        ),
+        "WiskiGP-data": lambda: WiskiGP(X, Y, grid_size=10, **_transforms(), **options),
+        "KissGP": lambda: KissGP(X, Y, grid_size=10, **_transforms(), **options),
+        "LocalGP": lambda: LocalGP(X, Y, w_gen=0.5, n_max=10, **_transforms(), **options),
+    }
+    return builders[name]()
+
+
+#: (model, what differs, the option named, the receiver's and the source's options).
+_REFUSED = [
+    ("OnlineSGPR", "num_inducing", {"num_inducing": 8}, {"num_inducing": 6}),
+    ("DecoupledSVGP", "max_mean_basis", {"max_mean_basis": 32}, {"max_mean_basis": 16}),
+    ("DecoupledSVGP", "max_covar_basis", {"max_covar_basis": 16}, {"max_covar_basis": 8}),
+    ("DecoupledSVGP", "replay_size", {"replay_size": 64}, {"replay_size": 32}),
+    ("WiskiGP-data", "covar_module", {}, {"covar_module": MaternKernel(ard_num_dims=2)}),
+    ("KissGP", "mean_module", {}, {"mean_module": ZeroMean()}),
+    ("LocalGP", "covar_module", {}, {"covar_module": ScaleKernel(MaternKernel())}),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "option", "own", "theirs"), _REFUSED, ids=[f"{r[0]}-{r[1]}" for r in _REFUSED]
+)
+def test_a_checkpoint_of_other_state_shaping_options_is_refused_naming_them(
+    name, option, own, theirs
+):
+    # Issue 37: these were restored (torch's load takes a kernel's lengthscale whatever
+    # the kernel: a Matern checkpoint made an RBF model silently wrong) or refused by a
+    # tensor shape torch names deep in the state; the option is now recorded in
+    # checkpoint()["meta"]["options"] and compared before anything changes.
+    torch.manual_seed(0)
+    receiver = _other(name, **own)
+    receiver.observe(*_data(5))
+    before = copy_model(receiver)
+    source = _other(name, **theirs)
+    checkpoint = source.checkpoint()
+    assert checkpoint["meta"]["options"][option] != receiver.checkpoint()["meta"]["options"][option]
+    with pytest.raises(ValueError, match=rf"\['options'\]\['{option}'\] is .*this model's is"):
+        receiver.restore(checkpoint)
+    assert_same_model(receiver, before, torch.rand(5, 2, dtype=DTYPE))
+
+
+def test_a_checkpoint_of_another_number_of_outputs_is_refused_naming_it():
+    X = torch.rand(20, 2, dtype=DTYPE)
+    Y = torch.cat([torch.sin(5 * X).sum(-1, keepdim=True), X.sum(-1, keepdim=True)], -1)
+    two = WiskiGP(X, Y, grid_size=10, outcome_transform=Standardize(2))
+    one = WiskiGP(X, Y[:, :1], grid_size=10, outcome_transform=Standardize(1))
+    before = copy_model(one)
+    with pytest.raises(ValueError, match=r"\['options'\]\['num_outputs'\] is 2, this model's is 1"):
+        one.restore(two.checkpoint())
+    assert_same_model(one, before, torch.rand(5, 2, dtype=DTYPE))
+
+
+#: Options a restore takes over from the checkpoint (its sizes are state the receiver
+#: resizes to exactly: an inducing selector or refit_points changes them in a stream).
+_ADOPTED = [
+    ("OnlineSVGP", "num_inducing", dict(num_inducing=5, num_init_steps=5)),
+    ("LocalGP", "n_max", dict(w_gen=0.5, n_max=4)),
+    ("OnlineSoftKIGP", "num_inducing", dict(num_inducing=4, pretrain_epochs=2)),
+    ("SoftKIGP", "num_inducing", dict(num_inducing=4)),
+]
+
+
+@pytest.mark.parametrize(("name", "option", "options"), _ADOPTED, ids=[a[0] for a in _ADOPTED])
+def test_adopted_options_are_recorded_and_restore_exactly(name, option, options):
+    cls = {"OnlineSVGP": OnlineSVGP, "LocalGP": LocalGP}.get(name)
+    cls = cls or {"OnlineSoftKIGP": OnlineSoftKIGP, "SoftKIGP": SoftKIGP}[name]
+    source = cls(*_data(20), **options, **_transforms())
+    checkpoint = source.checkpoint()
+    assert option in checkpoint["meta"]["options"] and option in cls.ADOPTED_OPTIONS
+    receiver = cls(*_data(20), **_transforms())  # the default options
+    assert receiver.checkpoint()["meta"]["options"][option] != checkpoint["meta"]["options"][option]
+    receiver.restore(checkpoint)
+    assert receiver.checkpoint()["meta"]["options"] == checkpoint["meta"]["options"]
+    assert_same_model(receiver, source, torch.rand(5, 2, dtype=DTYPE))
+
+
+@pytest.mark.parametrize("name", list(FACTORIES))
+def test_every_tensor_shape_is_recorded_and_checked_before_anything_changes(name):
+    # Issue 37: a tensor with a row dropped was accepted, and posterior() failed later.
+    X, Y = _data(30)
+    source = FACTORIES[name](X[:20], Y[:20])
+    source.observe(X[20:], Y[20:])
+    checkpoint = source.checkpoint()
+    shapes = checkpoint["meta"]["shapes"]
+    for k, value in checkpoint["state_dict"].items():  # one entry per tensor
+        assert shapes[f"['state_dict'][{k!r}]"] == list(value.shape)
+    key = max(checkpoint["state_dict"], key=lambda k: checkpoint["state_dict"][k].numel())
+    del checkpoint["checksum"]  # edited by hand: the recorded shape still refuses it
+    checkpoint["state_dict"][key] = checkpoint["state_dict"][key][:-1]
+    receiver = FACTORIES[name](*_data(7))
+    before = copy_model(receiver)
+    with pytest.raises(ValueError, match=rf"checkpoint\['state_dict'\]\['{key}'\] has shape"):
+        receiver.restore(checkpoint)
+    assert_same_model(receiver, before, torch.rand(5, 2, dtype=DTYPE))

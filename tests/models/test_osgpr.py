@@ -697,7 +697,9 @@ def test_constant_is_a_hyperparameter_in_state_dict_warm_start_and_checkpoint():
     assert "mean_module.raw_constant" in state
     assert not model.is_data_key("mean_module.raw_constant")
     # Checkpoint: the stream resumes bit for bit.
-    resumed = make_model(X[:5], Y[:5], num_inducing=3, mean_module=ConstantMean())
+    # (Built with the same num_inducing: it shapes the later updates, so a checkpoint of
+    # another one is refused; its other data, of another size, are replaced.)
+    resumed = make_model(X[:5], Y[:5], num_inducing=10, mean_module=ConstantMean())
     resumed.restore(model.checkpoint())
     Xs = torch.rand(4, 2, dtype=DTYPE)
     assert resumed.mean_module.constant.item() == 2.5

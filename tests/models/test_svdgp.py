@@ -701,3 +701,66 @@ def test_fit_holds_a_and_L_at_their_optimum_on_the_replay_set_scaled_to_all_data
     assert grads[0].abs().max() < 1e-6 * max(1.0, model.mean_weights.abs().max().item())
     assert grads[1].tril().abs().max() < 1e-6
     assert max(g.abs().max().item() for g in grads[2:]) < 1e-3
+
+
+# ------------------------------------------------- without a transform: target units
+def _scaled_model(scale: float, **options) -> DecoupledSVGP:
+    X, Y = _toy(40, d=2)
+    torch.manual_seed(0)
+    model = DecoupledSVGP(X[:30], scale * Y[:30] + 100 * scale, outcome_transform=None, **options)
+    model.observe(X[30:], scale * Y[30:] + 100 * scale)
+    return model
+
+
+def test_without_a_transform_the_fit_is_equivariant_in_the_targets_scale():
+    # Issue 37: with outcome_transform=None, Adam's unit-size steps on a covariance root
+    # of order 1e-12 (at 1e12 Y) broke it, and the hyperparameters (raw values of order
+    # 1e24) never moved. In the targets' unit the same steps are relative: the model on
+    # 1e12 (Y + 100) is the model on Y + 100, scaled (to the rounding Adam amplifies).
+    X_test = _toy(10, seed=3, d=2)[0]
+    options = {"max_mean_basis": 32, "max_covar_basis": 12, "num_init_steps": 5, "num_steps": 2}
+    unit, scaled = _scaled_model(1.0, **options), _scaled_model(1e12, **options)
+    assert unit.target_scale.item() == 1.0 and scaled.target_scale.item() == 1e12
+    assert torch.equal(unit.covar_basis, scaled.covar_basis)  # the same basis is chosen
+    with torch.no_grad():
+        p, q = unit.posterior(X_test), scaled.posterior(X_test)
+        assert rel_err((q.mean - 100e12) / 1e12, p.mean - 100) < 1e-5
+        assert rel_err(q.variance / 1e24, p.variance) < 1e-5
+        assert rel_err(scaled.likelihood.noise / 1e24, unit.likelihood.noise) < 1e-5
+
+
+def test_standardized_targets_keep_the_papers_parametrisation():
+    # The default path is unchanged: the variational parameters are a and L themselves,
+    # and the modules' constraints are gpytorch's own.
+    X, Y = _toy(20)
+    model = DecoupledSVGP(1e6 * X, 1e6 * Y, num_init_steps=2)
+    assert model.target_scale.item() == 1.0
+    assert torch.equal(model.weights, model.mean_weights)
+    assert torch.equal(model.root, model.covar_root.tril())
+    assert "TargetUnits" not in repr(model)
+
+
+def test_a_target_units_model_restores_bit_for_bit():
+    # The unit and the constraints' scales are buffers: a checkpoint carries them.
+    source = _scaled_model(1e12, max_mean_basis=16, max_covar_basis=6, num_init_steps=3)
+    receiver = _scaled_model(1.0, max_mean_basis=16, max_covar_basis=6, num_init_steps=3)
+    receiver.restore(source.checkpoint())
+    assert receiver.target_scale.item() == 1e12
+    X_test = _toy(5, seed=4, d=2)[0]
+    with torch.no_grad():
+        p, q = source.posterior(X_test), receiver.posterior(X_test)
+    assert torch.equal(p.mean, q.mean) and torch.equal(p.variance, q.variance)
+
+
+def test_a_checkpoint_from_before_the_unit_restores():
+    # Checkpoints written before target_scale existed hold a and L themselves (unit one).
+    X, Y = _toy(20)
+    source = DecoupledSVGP(X, Y, max_mean_basis=16, max_covar_basis=6, num_init_steps=3)
+    checkpoint = source.checkpoint()
+    del checkpoint["state_dict"]["target_scale"], checkpoint["checksum"], checkpoint["meta"]
+    receiver = DecoupledSVGP(X[:5], 1e6 * Y[:5], outcome_transform=Standardize(1))
+    receiver.restore(checkpoint)
+    assert receiver.target_scale.item() == 1.0
+    X_test = _toy(5, seed=4)[0]
+    with torch.no_grad():
+        assert torch.equal(receiver.posterior(X_test).mean, source.posterior(X_test).mean)

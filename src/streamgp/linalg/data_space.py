@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -32,7 +33,11 @@ from torch import Tensor
 from streamgp.interpolation.grid import InterpolationWeights
 from streamgp.linalg.factor import cholesky
 from streamgp.linalg.grid_kernel import GridKernelRoot, KernelFeatures
-from streamgp.linalg.posterior_covariance import MAX_CACHE_ENTRIES, AmortizedCache
+from streamgp.linalg.posterior_covariance import (
+    MAX_CACHE_ENTRIES,
+    AmortizedCache,
+    check_state_shape,
+)
 
 
 def _solve_lower(L: Tensor, rhs: Tensor) -> Tensor:
@@ -111,6 +116,39 @@ class DataPosterior:
         chol = cholesky(B)
         whitened = _solve_lower(chol, y.unsqueeze(-1)).squeeze(-1)
         return DataPosterior(kernel_root, features, chol, whitened)
+
+    def state(self) -> dict[str, Any]:
+        r"""The factors as tensors and numbers (a checkpoint's): ``L_B`` and ``z`` as
+        rank-``q`` updates extended them, and the cache's
+        :meth:`~streamgp.linalg.posterior_covariance.AmortizedCache.state`. With the
+        rows' weights (the model's statistics) :meth:`from_state` gives back a posterior
+        that predicts bit for bit as this one; a refactorisation of ``K_SKI + Lambda``
+        would agree to rounding only."""
+        return {"chol": self.chol, "whitened": self.whitened, "cache": self.cache.state()}
+
+    @staticmethod
+    def from_state(
+        state: dict[str, Any], kernel_root: GridKernelRoot, weights: InterpolationWeights
+    ) -> DataPosterior:
+        r"""Inverse of :meth:`state`, for the rows ``weights`` and the kernel's root.
+
+        Raises:
+            ValueError: If a factor's shape does not fit the rows (naming it).
+        """
+        n = weights.num_rows
+        check_state_shape("chol", state["chol"], (n, n))
+        check_state_shape("whitened", state["whitened"], (n,))
+        cache = state.get("cache", {})
+        if "value" in cache:
+            check_state_shape("cache", cache["value"], (kernel_root.num_grid, n))
+        features = kernel_root.features(weights)
+        return DataPosterior(
+            kernel_root,
+            features,
+            state["chol"],
+            state["whitened"],
+            AmortizedCache.from_state(cache),
+        )
 
     def whiten(self, features: KernelFeatures) -> Tensor:
         r"""``U = L_B^{-1} K_SKI(X, X_*)`` (``batch x n x t``) for the rows ``features``."""

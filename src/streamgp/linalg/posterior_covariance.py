@@ -65,6 +65,54 @@ class AmortizedCache:
                 self.value = build()
         return self.value
 
+    def state(self) -> dict[str, Tensor | float]:
+        r"""What :meth:`from_state` needs to rebuild this cache exactly (a checkpoint's).
+
+        The value once built (it may have been extended by updates since, so it is not
+        rebuilt from its source), else the work reported so far: a restored cache is
+        then built at the same request as this one, and predictions take the same path.
+
+        Example:
+            >>> cache = AmortizedCache()
+            >>> _ = cache.get(work=10.0, build_cost=25.0, build=lambda: torch.ones(2))
+            >>> AmortizedCache.from_state(cache.state()).state()
+            {'work': 10.0}
+        """
+        return {"work": self._work} if self.value is None else {"value": self.value}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Tensor | float]) -> AmortizedCache:
+        r"""The cache :meth:`state` describes (an empty one for ``{}``)."""
+        cache = cls(state.get("value"))
+        cache._work = float(state.get("work", 0.0))
+        return cache
+
+
+def check_state_shape(name: str, value: object, trailing: tuple[int | None, ...]) -> None:
+    r"""Refuse a saved factor whose trailing dimensions are not ``trailing`` (None: any).
+
+    A posterior's :meth:`from_state` checks what a checkpoint gives it against the
+    statistics it must belong to, so a mismatch is refused on restore, naming the
+    factor, instead of failing (or predicting wrongly) later.
+
+    Example:
+        >>> check_state_shape("chol", torch.zeros(3, 3), (3, 3))
+        >>> check_state_shape("chol", torch.zeros(3, 2), (3, 3))
+        Traceback (most recent call last):
+        ...
+        ValueError: its posterior factor 'chol' has shape (3, 2), expected (..., 3, 3).
+    """
+    shape = tuple(value.shape) if isinstance(value, Tensor) else None
+    tail = shape[len(shape) - len(trailing) :] if shape is not None else ()
+    if len(tail) != len(trailing) or any(
+        want is not None and got != want for got, want in zip(tail, trailing, strict=True)
+    ):
+        expected = ", ".join("*" if size is None else str(size) for size in trailing)
+        got = shape if shape is not None else type(value).__name__
+        raise ValueError(
+            f"its posterior factor {name!r} has shape {got}, expected (..., {expected})."
+        )
+
 
 class InterpolatedRoot:
     r"""The ``batch x t x r`` factor ``W_* R`` of ``W_* Sigma_U W_*^T``, formed on demand.

@@ -33,6 +33,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -49,6 +50,7 @@ from streamgp.linalg.posterior_covariance import (
     MAX_CACHE_ENTRIES,
     AmortizedCache,
     InterpolatedRoot,
+    check_state_shape,
 )
 
 
@@ -96,6 +98,28 @@ class GridPosterior:
         r"""The lazy factor ``W_* R`` of the covariance at the rows ``weights``."""
         cached = self.grid_covariance if isinstance(weights, InterpolationWeights) else None
         return InterpolatedRoot(weights, self.root, cached)
+
+    def state(self) -> dict[str, Any]:
+        r"""The posterior as tensors and numbers (a checkpoint's): the root and mean that
+        rank-``q`` updates built, and the cache's :meth:`~AmortizedCache.state`;
+        :meth:`from_state` gives back a posterior that predicts bit for bit as this one
+        (a refactorisation of the statistics would agree to rounding only)."""
+        return {"root": self.root, "mean": self.mean, "cache": self.cache.state()}
+
+    @staticmethod
+    def from_state(state: dict[str, Any], num_grid: int) -> GridPosterior:
+        r"""Inverse of :meth:`state`, for a grid of ``num_grid`` points.
+
+        Raises:
+            ValueError: If a tensor's shape does not fit the grid (naming it).
+        """
+        root, mean = state["root"], state["mean"]
+        cache = state.get("cache", {})  # (checkpoints written before it have none)
+        check_state_shape("root", root, (num_grid, None))
+        check_state_shape("mean", mean, (num_grid,))
+        if "value" in cache:
+            check_state_shape("cache", cache["value"], (num_grid, num_grid))
+        return GridPosterior(root, mean, AmortizedCache.from_state(cache))
 
     def downdated(self, root: Tensor, mean: Tensor, G: Tensor) -> GridPosterior:
         r"""A posterior with ``root`` and ``mean`` whose covariance is ``R R^T - G G^T``,

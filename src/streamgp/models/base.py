@@ -23,12 +23,17 @@ from __future__ import annotations
 
 import copy
 import hashlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from botorch.models.model import Model
+from botorch.models.transforms.input import InputTransform
+from botorch.models.transforms.outcome import OutcomeTransform
 from botorch.utils.datasets import SupervisedDataset
+from gpytorch.kernels import Kernel
+from gpytorch.means import Mean
 from torch import Tensor
 
 from streamgp.mlls.objective import per_datum_objective
@@ -36,25 +41,86 @@ from streamgp.models.utils.posterior import PosteriorMixin
 from streamgp.models.utils.transaction import restore_snapshot, take_snapshot
 from streamgp.utils.checkpoint_files import read_checkpoint_file, write_checkpoint_file
 
+#: Modules whose kind includes what they wrap (see :func:`module_kind`).
+_WRAPPED_KINDS = (Kernel, Mean, OutcomeTransform, InputTransform)
+#: The modules whose kinds a checkpoint's options record (absent attributes: None).
+_MODULE_OPTIONS = (
+    "likelihood",
+    "covar_module",
+    "mean_module",
+    "outcome_transform",
+    "input_transform",
+)
+
+
+def _state_tensors(checkpoint: dict[str, Any]) -> Iterator[tuple[str, Tensor]]:
+    r"""Every tensor of a checkpoint's state and stream, with its path (e.g.
+    ``['state_dict']['statistics.y']``), in a fixed order."""
+
+    def visit(value: Any, path: str) -> Iterator[tuple[str, Tensor]]:
+        if isinstance(value, Tensor):
+            yield path, value
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                yield from visit(item, f"{path}[{key!r}]")
+        elif isinstance(value, list | tuple):
+            for i, item in enumerate(value):
+                yield from visit(item, f"{path}[{i}]")
+
+    yield from visit(checkpoint.get("state_dict"), "['state_dict']")
+    yield from visit(checkpoint.get("stream"), "['stream']")
+
 
 def _check_no_nan_state(checkpoint: dict[str, Any]) -> None:
     r"""Raise naming the first floating tensor of ``checkpoint`` with a NaN entry (a
     corrupted state would predict NaN or fail later; Inf is legitimate, e.g. an
     unbounded constraint's ``upper_bound``)."""
+    for path, value in _state_tensors(checkpoint):
+        if value.is_floating_point() and bool(torch.isnan(value).any()):
+            raise ValueError(f"checkpoint{path} has NaN entries; the model is unchanged.")
 
-    def visit(value: Any, path: str) -> None:
-        if isinstance(value, Tensor):
-            if value.is_floating_point() and bool(torch.isnan(value).any()):
-                raise ValueError(f"checkpoint{path} has NaN entries; the model is unchanged.")
-        elif isinstance(value, dict):
-            for key, item in value.items():
-                visit(item, f"{path}[{key!r}]")
-        elif isinstance(value, list | tuple):
-            for i, item in enumerate(value):
-                visit(item, f"{path}[{i}]")
 
-    visit(checkpoint.get("state_dict"), "['state_dict']")
-    visit(checkpoint.get("stream"), "['stream']")
+def _tensor_shapes(checkpoint: dict[str, Any]) -> dict[str, list[int]]:
+    r"""The shape of every tensor of a checkpoint (``meta['shapes']``), by its path."""
+    return {path: list(value.shape) for path, value in _state_tensors(checkpoint)}
+
+
+def _check_shapes(checkpoint: dict[str, Any], shapes: Any) -> None:
+    r"""Raise naming the first tensor whose shape is not the one ``meta['shapes']`` records
+    (a tensor edited, cut or added after the checkpoint was written)."""
+    if not isinstance(shapes, dict):
+        raise ValueError(
+            f"checkpoint['meta']['shapes'] must be a dict, got {type(shapes).__name__}."
+        )
+    found = _tensor_shapes(checkpoint)
+    for path in [*found, *(path for path in shapes if path not in found)]:
+        if found.get(path) != shapes.get(path):
+            got, want = found.get(path, "no tensor"), shapes.get(path, "no tensor")
+            raise ValueError(
+                f"checkpoint{path} has shape {got}, its checkpoint['meta']['shapes'] records "
+                f"{want}: the checkpoint was edited or damaged; the model is unchanged."
+            )
+
+
+def module_kind(module: Any) -> str | None:
+    r"""A module's kind for a checkpoint's options: its class and those of the kernels,
+    means or transforms it wraps (not its priors or constraints), or None for no module.
+
+    Two kernels with the same parameter names (an RBF and a Matern kernel) load each
+    other's ``state_dict`` without complaint; their kinds differ.
+
+    Example:
+        >>> from gpytorch.kernels import RBFKernel, ScaleKernel
+        >>> module_kind(ScaleKernel(RBFKernel()))
+        'ScaleKernel(RBFKernel)'
+    """
+    if module is None:
+        return None
+    wrapped = [
+        module_kind(child) for child in module.children() if isinstance(child, _WRAPPED_KINDS)
+    ]
+    kind = type(module).__name__
+    return f"{kind}({', '.join(wrapped)})" if wrapped else kind
 
 
 def checkpoint_checksum(checkpoint: dict[str, Any]) -> str:
@@ -173,6 +239,7 @@ class CheckpointMixin:
             "dtype": str(self._state_dtype()),
             "versions": _versions(),
             "options": self._checkpoint_options(),
+            "shapes": _tensor_shapes(checkpoint),
         }
         checkpoint["checksum"] = checkpoint_checksum(checkpoint)
         return checkpoint
@@ -216,12 +283,25 @@ class CheckpointMixin:
         return torch.get_default_dtype()
 
     def _checkpoint_options(self) -> dict[str, Any]:
-        r"""The constructor options that shape the state (plain values only)."""
+        r"""The constructor options that shape the state (plain values only).
+
+        The number of outputs and the kinds of the model's modules (:func:`module_kind`):
+        another likelihood, kernel, prior mean or transform has other state, or the
+        same parameter names with another meaning. A model adds its own (sizes, grids),
+        listing in :attr:`ADOPTED_OPTIONS` those it takes over from a checkpoint.
+        """
         num_outputs = getattr(self, "num_outputs", None)
-        return {} if num_outputs is None else {"num_outputs": int(num_outputs)}
+        options: dict[str, Any] = {} if num_outputs is None else {"num_outputs": int(num_outputs)}
+        for name in _MODULE_OPTIONS:
+            options[name] = module_kind(getattr(self, name, None))
+        return options
 
     def _check_meta(self, meta: Any) -> None:
-        r"""Refuse a checkpoint written for another dtype or other state-shaping options."""
+        r"""Refuse a checkpoint written for another dtype or other state-shaping options.
+
+        The model's own options are compared before the kinds of its modules, which
+        follow from them (fixed noise has its own likelihood).
+        """
         if not isinstance(meta, dict):
             raise ValueError(f"checkpoint['meta'] must be a dict, got {type(meta).__name__}.")
         dtype = str(self._state_dtype())
@@ -231,7 +311,9 @@ class CheckpointMixin:
                 "build the receiving model in the checkpoint's dtype; the model is unchanged."
             )
         own = self._checkpoint_options()
-        for name, value in (meta.get("options") or {}).items():
+        saved = meta.get("options") or {}
+        for name in sorted(saved, key=lambda name: name in _MODULE_OPTIONS):
+            value = saved[name]
             if name in self.ADOPTED_OPTIONS or name not in own or own[name] == value:
                 continue
             raise ValueError(
@@ -284,6 +366,8 @@ class CheckpointMixin:
             )
         if "meta" in checkpoint:
             self._check_meta(checkpoint["meta"])
+            if "shapes" in checkpoint["meta"]:  # (checkpoints written before it have none)
+                _check_shapes(checkpoint, checkpoint["meta"]["shapes"])
         # What the model's updates may change (its state and caches, by reference) is
         # put back after the backup: the model then predicts bit for bit as before.
         kept = take_snapshot(self) if hasattr(self, "mutable_state") else None

@@ -246,6 +246,13 @@ class LocalGP(CachedPosteriorMixin, StreamingModelMixin, FrozenTransformsMixin, 
         self.local_X, self.local_y, self.counts = local_X, local_y, counts
         self._invalidate()
 
+    #: A restore takes the checkpoint's options (saved with its stream state): the
+    #: padded store has ``n_max`` points per local model.
+    ADOPTED_OPTIONS = frozenset({"n_max", "w_gen", "num_nearest"})
+
+    def _checkpoint_options(self) -> dict[str, Any]:
+        return {**super()._checkpoint_options(), **self._stream_state()}
+
     def _stream_state(self) -> dict[str, Any]:
         # The options that shape the padded store and decide where points go.
         return {"w_gen": self.w_gen, "n_max": self.n_max, "num_nearest": self.num_nearest}

@@ -746,6 +746,13 @@ class OnlineSoftKIGP(WiskiGP):
             (fn(X), fn(y), None if noise is None else fn(noise)) for X, y, noise in self._kept
         ]
 
+    #: A restore takes the checkpoint's points, whatever their number
+    #: (``refit_points(num_inducing=...)`` changes it), as a WiskiGP takes its grid.
+    ADOPTED_OPTIONS = WiskiGP.ADOPTED_OPTIONS | {"num_inducing"}
+
+    def _checkpoint_options(self) -> dict[str, Any]:
+        return {**super()._checkpoint_options(), "num_inducing": self.num_inducing}
+
     def _stream_state(self) -> dict[str, Any]:
         r"""Options, the cached posterior factors (:meth:`WiskiGP._stream_state`) and
         (``keep_data``) the raw observations."""

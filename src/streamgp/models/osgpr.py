@@ -613,6 +613,11 @@ class OnlineSGPR(
     def is_data_key(self, key: str) -> bool:
         return key in _STATE_BUFFERS or super().is_data_key(key)
 
+    def _checkpoint_options(self) -> dict[str, Any]:
+        # The inducing set's target size decides every later update's set (the set
+        # itself, which may be smaller, is state and taken over).
+        return {**super()._checkpoint_options(), "num_inducing": self.num_inducing_target}
+
     def _stream_state(self) -> dict[str, Any]:
         r"""The streaming state outside the buffers, for :meth:`checkpoint`.
 

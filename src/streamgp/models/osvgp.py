@@ -645,6 +645,13 @@ class OnlineSVGP(
         self._guarded(lambda: self._optimize(*self.last_batch, num_steps))
         return self
 
+    #: A restore takes the checkpoint's inducing set, whatever its size (an
+    #: ``inducing_selector`` grows it; ``num_inducing`` only chose the first one).
+    ADOPTED_OPTIONS = frozenset({"num_inducing"})
+
+    def _checkpoint_options(self) -> dict[str, Any]:
+        return {**super()._checkpoint_options(), "num_inducing": len(self.inducing_points)}
+
     def _stream_state(self) -> dict[str, Any]:
         r"""The streaming state outside the parameters, for :meth:`checkpoint`.
 

@@ -856,6 +856,12 @@ class SoftKIGP(
                 stacklevel=3,
             )
 
+    #: A restore takes the checkpoint's interpolation points, whatever their number.
+    ADOPTED_OPTIONS = frozenset({"num_inducing"})
+
+    def _checkpoint_options(self) -> dict[str, Any]:
+        return {**super()._checkpoint_options(), "num_inducing": self.num_inducing}
+
     def _prepare_state_load(self, state_dict: dict[str, Any]) -> None:
         # A checkpoint of other data: its training set and points may differ in size.
         for name in ("train_X_t", "train_y_t"):

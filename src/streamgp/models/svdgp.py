@@ -92,6 +92,7 @@ from streamgp.models.utils.defaults import (
     _DefaultType,
     in_target_units,
     mean_module_or_default,
+    target_unit,
 )
 from streamgp.models.utils.optimization import PersistentOptimizerMixin
 from streamgp.utils.validation import (
@@ -102,6 +103,19 @@ from streamgp.utils.validation import (
 )
 
 _VARIATIONAL = ("mean_basis", "mean_weights", "covar_basis", "covar_root")
+
+
+class _KernelInUnits(torch.nn.Module):
+    r"""``kernel / unit``: a kernel's covariances in the targets' (squared) unit, for
+    BoTorch's inducing-point allocator, whose stopping rule is an absolute residual
+    variance (1e-6): the basis it picks is then the same for ``10^k Y`` as for ``Y``."""
+
+    def __init__(self, kernel: Kernel, unit: Tensor) -> None:
+        super().__init__()
+        self.kernel, self.unit = kernel, unit
+
+    def forward(self, X: Tensor) -> Any:
+        return self.kernel(X) / self.unit
 
 
 class DecoupledSVGP(
@@ -148,9 +162,10 @@ class DecoupledSVGP(
             mean and covariance bases) are optimised (the paper does). Off by default:
             the bases grow from the data stream, and on toy streams moving them with
             Adam at the default step size degraded the fit.
-        new_root_diagonal: Diagonal of ``L`` for new covariance basis points (small:
-            the posterior barely changes, but gradients with respect to the new
-            column of ``L``, proportional to it, do not vanish).
+        new_root_diagonal: Diagonal of ``L`` for new covariance basis points, in units
+            of one over :attr:`target_scale` (small: the posterior barely changes, but
+            gradients with respect to the new column of ``L``, proportional to it, do
+            not vanish).
         optimizer_cls: ``torch.optim.Optimizer`` class, stepped with a closure.
         optimizer_kwargs: Keyword arguments of ``optimizer_cls`` (default ``{"lr": lr}``).
         keep_optimizer_state: Keep the optimizer state across batches; when a basis
@@ -166,8 +181,21 @@ class DecoupledSVGP(
         input_transform: Input transform, fitted on ``train_X`` and then frozen.
         outcome_transform: Outcome transform, fitted on ``train_Y`` and then frozen.
             Default: ``Standardize(m=1)``, as in ``SingleTaskGP``; None for no
-            transform. With a ``BernoulliLikelihood`` the default is no transform and
-            any other raises.
+            transform (the default modules then start in the targets' units, and the
+            variational parameters are scaled by :attr:`target_scale`). With a
+            ``BernoulliLikelihood`` the default is no transform and any other raises.
+
+    Attributes:
+        target_scale: The unit ``s`` of the variational parameters (a buffer, fixed at
+            construction): the parameters Adam steps on are ``mean_weights = s a`` and
+            ``covar_root = s L``. ``a`` and ``L`` scale as one over the targets (the
+            mean ``k_{x alpha} a`` as the targets, ``K_beta`` as their square), so in
+            these units a step is relative, whatever the targets' scale: one (the paper's
+            parametrisation) with the default ``Standardize`` or a Bernoulli
+            likelihood; without a transform the power of ten nearest the targets'
+            standard deviation (:func:`~streamgp.models.utils.defaults.target_unit`),
+            in which the default modules are parametrised too (a unit-size step on a
+            root of order 1e-12 broke it at ``1e12 Y``).
 
     Example:
         >>> X = torch.rand(200, 1, dtype=torch.float64)
@@ -186,7 +214,7 @@ class DecoupledSVGP(
 
     #: The bases and variational parameters summarise the data; kernel, mean and
     #: likelihood parameters are the hyperparameters a warm start loads.
-    data_state_prefixes = (*_VARIATIONAL, "input_transform.", "outcome_transform.")
+    data_state_prefixes = (*_VARIATIONAL, "target_scale", "input_transform.", "outcome_transform.")
     #: What a failed update restores (``O(M_alpha + M_beta^2)``): the variational
     #: parameters (grown bases are new tensors), the hyperparameters, the replay set,
     #: the counters and the random stream.
@@ -240,8 +268,9 @@ class DecoupledSVGP(
         check_targets(
             check_tensor(train_Y, "train_Y", like=train_X, min_dim=2), "train_Y", len(train_X)
         )
-        # The default constant starts at the targets' level without a transform.
-        defaults = {"mean_module": mean_module is None}
+        # The default modules start in the targets' units without a transform.
+        defaults = {"mean_module": mean_module is None, "covar_module": covar_module is None}
+        defaults["likelihood"] = likelihood is None
         if likelihood is None:
             likelihood = GaussianLikelihood()
         _check_likelihood(likelihood)
@@ -293,12 +322,15 @@ class DecoupledSVGP(
         self.covar_module = covar_module.to(**tkwargs)
         self.mean_module = mean_module_or_default(mean_module, train_X)
         self.likelihood = likelihood.to(**tkwargs)
+        # The unit of the variational parameters (see `target_scale`): one for
+        # standardised targets (or labels), so the default path is exactly the paper's.
+        self.register_buffer("target_scale", torch.ones((), **tkwargs))
         if getattr(self, "outcome_transform", None) is None and self.is_gaussian:
-            # The level only: Adam's steps on the covariance root are not equivariant in
-            # the targets' scale (at 1e12 Y a unit-scale step breaks the root), so a scale
-            # far from one still needs the default Standardize.
-            if defaults["mean_module"]:
-                in_target_units(train_Y_t, mean_module=self.mean_module)
+            modules = {"mean_module": self.mean_module, "covar_module": self.covar_module}
+            modules["likelihood"] = self.likelihood
+            modules = {k: v for k, v in modules.items() if defaults[k]}
+            in_target_units(train_Y_t, **modules, parametrise=True)
+            self.target_scale.copy_(target_unit(train_Y_t))
         self.max_mean_basis = max_mean_basis
         self.max_covar_basis = max_covar_basis
         self.basis_increment = basis_increment
@@ -319,12 +351,11 @@ class DecoupledSVGP(
         self._replay_y = train_Y_t.squeeze(-1)[:0].detach().clone()
 
         if covar_basis is None:
+            # In target units: the allocator stops at an absolute residual variance.
+            kernel = _KernelInUnits(self.covar_module, self.target_scale.square())
             with torch.no_grad():
                 covar_basis = GreedyVarianceReduction().allocate_inducing_points(
-                    train_X_t,
-                    self.covar_module,
-                    min(len(train_X_t), max_covar_basis),
-                    torch.Size([]),
+                    train_X_t, kernel, min(len(train_X_t), max_covar_basis), torch.Size([])
                 )
         if mean_basis is None:
             # As the paper advises, both bases start from the same points; the mean
@@ -382,11 +413,21 @@ class DecoupledSVGP(
     def _kernel(self, X1: Tensor, X2: Tensor) -> Tensor:
         return self.covar_module(X1, X2.expand(*X1.shape[:-2], *X2.shape)).to_dense()
 
+    @property
+    def weights(self) -> Tensor:
+        r"""The mean coefficients ``a`` (``mean_weights`` over :attr:`target_scale`)."""
+        return self.mean_weights / self.target_scale
+
+    @property
+    def root(self) -> Tensor:
+        r"""The lower-triangular root ``L`` of ``B`` (``covar_root`` over :attr:`target_scale`)."""
+        return self.covar_root.tril() / self.target_scale
+
     # ------------------------------------------------------------ the objective
     def _latent(self, X_t: Tensor, diag: bool) -> tuple[tuple[Tensor, Tensor], DecoupledCovariance]:
         r"""``((mean, covariance or variances if diag), factors)`` of ``q(f)`` at ``X_t``."""
         beta = self.covar_basis
-        factors = decoupled_covariance(self._kernel(beta, beta), self.covar_root.tril())
+        factors = decoupled_covariance(self._kernel(beta, beta), self.root)
         if diag:
             K_xx = self.covar_module(X_t, diag=True)
         else:
@@ -394,7 +435,7 @@ class DecoupledSVGP(
         return decoupled_predictive(
             self.mean_module(X_t),
             self._kernel(X_t, self.mean_basis),
-            self.mean_weights,
+            self.weights,
             K_xx,
             self._kernel(X_t, beta),
             factors,
@@ -428,8 +469,18 @@ class DecoupledSVGP(
             expected_log_lik = expected_log_lik * (num_data / len(y))
         alpha = self.mean_basis
         columns = alpha if kl_columns is None else alpha[kl_columns]
-        mean_term = mean_kl_term(self.mean_weights, self._kernel(alpha, columns), kl_columns)
+        mean_term = mean_kl_term(self.weights, self._kernel(alpha, columns), kl_columns)
         return expected_log_lik - decoupled_kl(mean_term, factors)
+
+    def _checkpoint_options(self) -> dict[str, Any]:
+        # The caps of the bases and of the replay set decide how the stream goes on (the
+        # bases and the replay set themselves, which grow to them, are state).
+        return {
+            **super()._checkpoint_options(),
+            "max_mean_basis": self.max_mean_basis,
+            "max_covar_basis": self.max_covar_basis,
+            "replay_size": self.replay_size,
+        }
 
     def _stream_state(self) -> dict[str, Any]:
         r"""The streaming state outside the parameters, for :meth:`checkpoint`.
@@ -452,6 +503,17 @@ class DecoupledSVGP(
         self.num_optimizer_steps = int(state["num_optimizer_steps"])
         self._generator.set_state(state["generator"])
         self._load_optimizer_state(state["optimizer"])
+
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors
+    ) -> None:
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors
+        )
+        key = f"{prefix}target_scale"
+        if key in missing_keys:  # saved before the unit existed: the parameters were a, L
+            missing_keys.remove(key)
+            self.target_scale.fill_(1.0)
 
     def _prepare_state_load(self, state_dict: dict[str, Any]) -> None:
         # The bases grow with the stream: take the checkpoint's sizes.
@@ -510,8 +572,8 @@ class DecoupledSVGP(
                 self._kernel(X_t, beta),
                 noise,
             )
-            self.mean_weights.copy_(weights)
-            self.covar_root.copy_(root)
+            self.mean_weights.copy_(weights * self.target_scale)
+            self.covar_root.copy_(root * self.target_scale)
 
     def custom_fit(
         self,

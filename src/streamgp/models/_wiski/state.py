@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from streamgp.interpolation.grid import CubicGridInterpolation, InterpolationWeights
+from streamgp.linalg.data_space import DataPosterior
 from streamgp.linalg.statistics import DataStatistics, GridStatistics
 from streamgp.linalg.woodbury import GridPosterior
 from streamgp.models.utils.grids import build_grid
@@ -148,27 +149,41 @@ class CheckpointStateMixin:
             **self._posterior_state(),
         }
 
-    def _posterior_state(self) -> dict[str, Tensor]:
-        r"""The cached grid posterior, for a checkpoint (empty if there is none to save).
+    def _posterior_state(self) -> dict[str, Any]:
+        r"""The cached posterior, for a checkpoint (empty if there is none to save).
 
-        The posterior of an observed model came from rank-``q`` updates; saving it (rather
-        than refactorising the statistics on restore) makes the restored model predict,
-        and continue the stream, bit for bit as this one.
+        The posterior of an observed model came from rank-``q`` updates (in grid space
+        its root, in data space its Cholesky factor); saving its factors and prediction
+        cache (rather than refactorising the statistics on restore) makes the restored
+        model predict, and continue the stream, bit for bit as this one.
         """
         posterior = self._posterior
-        if (
-            isinstance(posterior, GridPosterior)
-            and self._correction is None
-            and self._caches_valid()
-        ):
-            return {"posterior_root": posterior.root, "posterior_mean": posterior.mean}
-        return {}
+        if posterior is None or self._correction is not None or not self._caches_valid():
+            return {}
+        return {f"posterior_{name}": value for name, value in posterior.state().items()}
 
     def _set_posterior_state(self, state: dict[str, Any]) -> None:
-        r"""Inverse of :meth:`_posterior_state` (after the statistics were loaded)."""
-        if "posterior_root" in state:
-            self._posterior = GridPosterior(state["posterior_root"], state["posterior_mean"])
-            self._snapshot_hyperparameters()
+        r"""Inverse of :meth:`_posterior_state` (after the statistics were loaded).
+
+        Raises:
+            ValueError: If the factors do not fit the statistics (naming the factor).
+        """
+        saved = {
+            key.removeprefix("posterior_"): value
+            for key, value in state.items()
+            if key.startswith("posterior_")
+        }
+        if "root" in saved:
+            self._posterior = GridPosterior.from_state(saved, self.interpolation.num_grid)
+        elif "chol" in saved:
+            if not isinstance(self._statistics, DataStatistics):
+                raise ValueError("its data-space posterior factors come with grid statistics.")
+            with torch.no_grad():
+                root = self.kernel_root()
+            self._posterior = DataPosterior.from_state(saved, root, self._statistics.weights)
+        else:
+            return
+        self._snapshot_hyperparameters()
 
     def _set_stream_state(self, state: dict[str, Any]) -> None:
         keeps_data = self.observations is not None
