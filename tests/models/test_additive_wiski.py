@@ -71,16 +71,25 @@ def _dense_posterior(kernel, X, y, noise, X_test, mean):
     return mu, cov, mll
 
 
+#: Where the rows live: grid sums from the start, rows throughout (data space), or rows
+#: for the constructor's 40 and grid sums once ``observe`` passes the limit.
+SPACES = {"grid": (0, False), "data": (10_000, True), "switch": (41, False)}
+
+
 @pytest.mark.usefixtures("ski_prior_variance")
+@pytest.mark.parametrize("space", sorted(SPACES))
 @pytest.mark.parametrize("fixed_noise", [False, True], ids=["learned-noise", "fixed-noise"])
 @pytest.mark.parametrize("groups", ["singletons", "pairs", [[0, 2], [1], [3, 0, 1]]])
-def test_equals_dense_additive_ski(groups, fixed_noise):
+def test_equals_dense_additive_ski(groups, fixed_noise, space):
     X, Y = _data(40)
     Yvar = 0.005 + 0.01 * torch.rand(40, 1, dtype=DT) if fixed_noise else None
-    model = _model(X, Y, Yvar, groups=groups, grid_size=10)
+    limit, in_data_space = SPACES[space]
+    model = _model(X, Y, Yvar, groups=groups, grid_size=10, data_space_limit=limit)
+    assert model.in_data_space is (limit >= 40)
     X_new, Y_new = _data(3, seed=1)
     Yvar_new = None if Yvar is None else torch.full((3, 1), 0.01, dtype=DT)
     model.observe(X_new, Y_new, Yvar_new)
+    assert model.in_data_space is in_data_space
     X_all, y_all = torch.cat([X, X_new]), torch.cat([Y, Y_new]).squeeze(-1)
     if fixed_noise:
         noise = torch.cat([Yvar, Yvar_new]).squeeze(-1)
@@ -243,6 +252,25 @@ def test_regrid_equals_a_model_built_on_all_data(fixed_noise):
     restored.restore(model.checkpoint())
     with torch.no_grad():
         assert torch.equal(restored.posterior(X_test).mean, model.posterior(X_test).mean)
+
+
+def test_small_n_is_kept_in_data_space_up_to_a_quarter_of_the_grid():
+    # Data space is the same model (test_equals_dense_additive_ski), with a marginal
+    # likelihood in O(n^2 m) instead of O(m^3): the default keeps rows up to m // 4.
+    X, Y = _data(50, d=6)
+    model = AdditiveWiskiGP(X, Y)  # six singleton groups of 64 points: m = 384
+    assert model.interpolation.num_grid == 384 and model.data_space_limit == 96
+    assert model.in_data_space
+    grid = AdditiveWiskiGP(X, Y, data_space_limit=0)  # the same default hyperparameters
+    assert not grid.in_data_space
+    with torch.no_grad():
+        a, b = (m.fit_objective()[0] for m in (model, grid))
+    assert torch.allclose(a, b, rtol=1e-10, atol=0)
+    X_more, Y_more = _data(50, d=6, seed=1)
+    model.observe(X_more, Y_more)
+    assert not model.in_data_space and model.num_train == 100
+    with pytest.raises(ValueError, match="data_space_limit"):
+        AdditiveWiskiGP(X, Y, data_space_limit=-1)
 
 
 def test_check_groups_pairs():

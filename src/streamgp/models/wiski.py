@@ -357,6 +357,10 @@ class WiskiGP(
     #: Whether a subclass's ``interpolation`` is a grid it can grow (it then keeps data
     #: with ``keep_data`` and implements :meth:`_regridded_interpolation`).
     REGRIDS_INTERPOLATION = False
+    #: Whether a subclass's fixed ``interpolation`` may hold its rows in data space while
+    #: ``n`` is small (its constructor then takes ``data_space_limit``); learned points,
+    #: whose statistics are recomputed when they move, keep grid sums.
+    FACTORY_DATA_SPACE = False
 
     #: A restore takes the checkpoint's grid (its box and points per axis).
     ADOPTED_OPTIONS = frozenset({"grid_size"})
@@ -466,7 +470,9 @@ class WiskiGP(
                 f"exact_prior_variance must be a bool, got {type(exact_prior_variance).__name__}."
             )
         if interpolation is not None and (
-            grid_size is not None or grid_bounds is not None or data_space_limit is not None
+            grid_size is not None
+            or grid_bounds is not None
+            or (data_space_limit is not None and not self.FACTORY_DATA_SPACE)
         ):
             raise ValueError(
                 "grid_size, grid_bounds and data_space_limit describe the grid; pass none of "
@@ -544,13 +550,16 @@ class WiskiGP(
                 if self.structured and dim >= CubicGridInterpolation.FACTORED_FROM_DIM:
                     # Grid statistics would hold (4^d)^2 products per row: stay in data space.
                     data_space_limit = UNLIMITED_DATA_SPACE
-        else:  # grid space from the start, with a dense root
+        else:  # with a dense root: grid sums, or rows while n is small (FACTORY_DATA_SPACE)
             self.interpolation = interpolation(transformed_X, y_all, noise_all)
             self.structured = False
-            data_space_limit = 0
+            if not self.FACTORY_DATA_SPACE:
+                data_space_limit = 0
+            elif data_space_limit is None:
+                data_space_limit = self._default_data_space_limit(self.interpolation.num_grid)
         self.data_space_limit = check_count(data_space_limit, "data_space_limit", minimum=0)
         self._clear_caches()
-        if interpolation is None:
+        if interpolation is None or self.FACTORY_DATA_SPACE:
             statistics = self._statistics_of(
                 self.interpolation, self.structured, transformed_X, y_all, noise_all
             )
@@ -559,6 +568,11 @@ class WiskiGP(
                 self.interpolation, transformed_X, y_all, noise_all, differentiable=False
             )
         self._set_statistics(statistics)
+
+    def _default_data_space_limit(self, num_grid: int) -> int:
+        r"""``data_space_limit``'s default for a ``FACTORY_DATA_SPACE`` interpolation of
+        ``num_grid`` points (a grid's is ``min(m, MAX_DENSE_GRID)``)."""
+        return min(num_grid, self.MAX_DENSE_GRID)
 
     def _check_dense_for_outputs(self, interpolation: Any, structured: bool) -> None:
         r"""Refuse a grid too large for a dense root in a multi-output model (at

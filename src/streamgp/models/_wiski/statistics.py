@@ -39,6 +39,8 @@ class StatisticsMixin:
         ``data_space_limit``, else the grid sums."""
         if len(X_t) <= self.data_space_limit:
             # y is n (one output) or k x n: the rows are shared by all outputs.
+            if not isinstance(interpolation, CubicGridInterpolation):  # rows of its own width
+                return DataStatistics(interpolation.weights(X_t), y, noise)
             statistics = DataStatistics.empty(interpolation.grid_size, y, self.fixed_noise)
             return statistics.add(interpolation.weights(X_t), y, noise)
         # Large data sets are absorbed in chunks to bound memory.
