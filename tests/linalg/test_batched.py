@@ -17,8 +17,10 @@ from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
 
 from streamgp.interpolation import CubicGridInterpolation
 from streamgp.linalg import grid_kernel_root
+from streamgp.linalg.posterior_covariance import PosteriorCovariance
+from streamgp.linalg.prior_variance import PriorVarianceCorrection
 from streamgp.linalg.statistics import GridStatistics
-from streamgp.linalg.woodbury import LowRankCorrection, update_root
+from streamgp.linalg.woodbury import LowRankCorrection, fold_low_rank, update_root
 
 DTYPE = torch.float64
 BATCH = 3
@@ -209,3 +211,81 @@ def test_batched_conditioning_and_prediction_are_each_members():
         expected_mean, expected_covar = expected.predict(single, interpolation.weights(X_star))
         torch.testing.assert_close(mean[i], expected_mean, **TOL)
         torch.testing.assert_close(covar[i], expected_covar, **TOL)
+
+
+def test_batched_statistics_of_rows_in_chunks_are_the_sums():
+    interpolation, X, y, noise, _ = _setup("rbf", 2, True)
+    chunks = (
+        (interpolation.weights(X[:, start : start + 4]), y[:, start : start + 4], noise[:, start:])
+        for start in range(0, 15, 4)
+    )
+    chunks = ((w, y_c, n_c[:, : y_c.shape[-1]]) for w, y_c, n_c in chunks)
+    stats = GridStatistics.of_rows(
+        chunks, interpolation.num_grid, y, True, sparse=False, batch_shape=(BATCH,)
+    )
+    expected = _statistics(interpolation, X, y, noise, True, (BATCH,))
+    for name in ("A", "b", "c", "n", "sum_log_noise", "sum_noise"):
+        torch.testing.assert_close(getattr(stats, name), getattr(expected, name), **TOL)
+    with pytest.raises(ValueError, match="unbatched"):
+        GridStatistics.empty(interpolation.num_grid, y, True, sparse=True, batch_shape=(BATCH,))
+
+
+@pytest.mark.parametrize("kind", ["rbf", "matern"])
+def test_batched_predictive_covariance_and_exact_prior_variance_are_each_members(kind):
+    d = 2
+    interpolation, s2, batched, singles = _posteriors(kind, d, False)
+    _, _, _, _, kernel = _setup(kind, d)
+    X_q = torch.rand(BATCH, 3, d, dtype=DTYPE)
+    y_q = torch.randn(BATCH, 3, dtype=DTYPE)
+    correction = batched.no_correction.condition(
+        batched, interpolation.weights(X_q), y_q, s2.unsqueeze(-1)
+    )
+    X_star = torch.rand(6, d, dtype=DTYPE)
+    weights = interpolation.weights(X_star)
+    with torch.no_grad():
+        root = grid_kernel_root(kernel, interpolation.grid)
+        prior = PriorVarianceCorrection(kernel, root, interpolation.bounds[:1])
+        diagonal = prior(X_star, weights)
+        mean, positive, negative = correction.predict_factors(batched, weights)
+    assert positive[0].shape == (BATCH, 6, interpolation.num_grid)
+    covar = PosteriorCovariance(positive, negative, diagonal, batch_shape=mean.shape[:-1])
+    assert diagonal.shape == (BATCH, 6) and covar.shape == (BATCH, 6, 6)
+    for i in range(BATCH):
+        single_kernel = _member_kernel(kernel, kind, d, i)
+        with torch.no_grad():
+            single_root = grid_kernel_root(single_kernel, interpolation.grid)
+            single_prior = PriorVarianceCorrection(
+                single_kernel, single_root, interpolation.bounds[:1]
+            )
+            single_diagonal = single_prior(X_star, weights)
+            single_correction = singles[i].no_correction.condition(
+                singles[i], interpolation.weights(X_q[i]), y_q[i], s2[i].expand(3)
+            )
+            factors = single_correction.predict_factors(singles[i], weights)
+        expected = PosteriorCovariance(factors[1], factors[2], single_diagonal)
+        torch.testing.assert_close(diagonal[i], single_diagonal, **TOL)
+        torch.testing.assert_close(mean[i], factors[0], **TOL)
+        torch.testing.assert_close(covar.diagonal()[i], expected.diagonal(), **TOL)
+        torch.testing.assert_close(covar.to_dense()[i], expected.to_dense(), **TOL)
+
+
+def test_batched_fold_of_a_correction_is_each_members():
+    interpolation, s2, batched, singles = _posteriors("rbf", 2, False)
+    X_q = torch.rand(BATCH, 4, 2, dtype=DTYPE)
+    y_q = torch.randn(BATCH, 4, dtype=DTYPE)
+    noise_q = s2.unsqueeze(-1).expand(BATCH, 4)
+    correction = batched.no_correction.condition(batched, interpolation.weights(X_q), y_q, noise_q)
+    folded = fold_low_rank(batched, correction.V, correction.gamma)
+    # folding the held rows equals absorbing them by the streaming update
+    streamed = update_root(batched, interpolation.weights(X_q), y_q, noise_q)
+    torch.testing.assert_close(folded.mean, streamed.mean, **TOL)
+    torch.testing.assert_close(
+        folded.root @ folded.root.mT, streamed.root @ streamed.root.mT, **TOL
+    )
+    for i, single in enumerate(singles):
+        single_correction = single.no_correction.condition(
+            single, interpolation.weights(X_q[i]), y_q[i], noise_q[i]
+        )
+        expected = fold_low_rank(single, single_correction.V, single_correction.gamma)
+        torch.testing.assert_close(folded.root[i], expected.root, **TOL)
+        torch.testing.assert_close(folded.mean[i], expected.mean, **TOL)

@@ -455,7 +455,8 @@ def update_root(
 
 
 def fold_low_rank(posterior: GridPosterior, V: Tensor, gamma: Tensor) -> GridPosterior:
-    r"""Fold an unbatched :class:`LowRankCorrection` back into a single root.
+    r"""Fold an unbatched :class:`LowRankCorrection` back into a single root (or that of
+    a batch of models, ``V``: ``batch x m x Q``, into each member's root).
 
     ``I - V V^T = T T^T`` with ``T = I - V (I + N)^{-1} V^T``, ``N`` the Cholesky factor
     of ``I - V^T V`` (``V^T V < I`` because ``V V^T`` is a posterior variance reduction
@@ -466,7 +467,10 @@ def fold_low_rank(posterior: GridPosterior, V: Tensor, gamma: Tensor) -> GridPos
     eye = torch.eye(V.shape[-1], dtype=V.dtype, device=V.device)
     N = cholesky(eye - V.mT @ V)
     RV = R @ V
-    new_mean = alpha + gamma @ RV.mT
+    if _batched_vector(R, alpha):  # a batch of models, each with its own V and gamma
+        new_mean = alpha + (gamma.unsqueeze(-2) @ RV.mT).squeeze(-2)
+    else:
+        new_mean = alpha + gamma @ RV.mT
     return posterior.downdated(_whitened_downdate(R, RV, V, N), new_mean, RV)
 
 
