@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from botorch.acquisition import qUpperConfidenceBound
 from botorch.exceptions.errors import UnsupportedError
 from botorch.fit import fit_gpytorch_mll
 from botorch.models import SingleTaskGP
@@ -172,6 +173,9 @@ def test_botorch_fit_fits_every_member():
     assert after.shape == before.shape == (BATCH, 1, 2)
     assert (after != before).flatten(1).any(-1).all()  # each member's own lengthscales
     assert model.posterior(X[0]).mean.shape == (BATCH, 20, 1)
+    # an MC acquisition function sees the members as a batch, as a batched SingleTaskGP's
+    acqf = qUpperConfidenceBound(model, beta=0.1)
+    assert acqf(torch.rand(7, 1, 2, 2, dtype=DTYPE)).shape == (7, BATCH)
 
 
 @pytest.mark.parametrize(
@@ -207,5 +211,9 @@ def test_bad_updates_are_refused_and_leave_the_model_unchanged():
         model.observe(X[:, :2] + 2, Y[:, :2])
     with pytest.raises(UnsupportedError, match="batched training data"):
         model.condition_on_observations(X[:, :2], Y[:, :2])
+    with pytest.raises(UnsupportedError, match="batched training data"):
+        model.restandardize()
+    with pytest.raises(UnsupportedError, match="batched training data"):
+        model.subset_output([0])
     assert model.num_train == 20
     torch.testing.assert_close(model.posterior(X_star).mean, before, rtol=0, atol=0)

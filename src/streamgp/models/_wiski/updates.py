@@ -204,6 +204,10 @@ class UpdatesMixin:
         idcs = list(idcs)
         if not idcs or any(not isinstance(i, int) or not 0 <= i < k for i in idcs):
             raise ValueError(f"idcs must be output indices in [0, {k}), got {idcs}.")
+        if self._data_batch_shape:
+            raise UnsupportedError(
+                "subset_output on a WiskiGP with batched training data is not supported yet."
+            )
         if len(self.batch_shape) > 0:
             raise RuntimeError(
                 "subset_output is not available on a model conditioned on batched (fantasy) "
