@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from botorch.acquisition import qUpperConfidenceBound
+from botorch.acquisition import qNegIntegratedPosteriorVariance, qUpperConfidenceBound
 from botorch.exceptions.errors import UnsupportedError
 from botorch.fit import fit_gpytorch_mll
 from botorch.models import SingleTaskGP
@@ -136,6 +136,46 @@ def test_observe_is_each_members_observe_and_a_rebuild():
     torch.testing.assert_close(rebuilt.posterior(X_star).mean, posterior.mean, **TOL)
 
 
+@pytest.mark.parametrize("given_noise", [False, True])
+def test_fantasies_are_each_members(given_noise):
+    X, Y = _data()
+    model = WiskiGP(X, Y, **OPTIONS)
+    _set_hyperparameters(model)
+    X_q = torch.rand(BATCH, 2, 2, dtype=DTYPE)  # each member's own conditioning points
+    Y_q = torch.randn(4, BATCH, 2, 1, dtype=DTYPE)  # 4 fantasies
+    noise = 0.01 + 0.05 * torch.rand(BATCH, 2, 1, dtype=DTYPE) if given_noise else None
+    view = model.condition_on_observations(X_q, Y_q, noise=noise)
+    assert view.batch_shape == torch.Size([4, BATCH])
+    X_star = torch.rand(5, 2, dtype=DTYPE)
+    posterior = view.posterior(X_star, observation_noise=True)
+    assert posterior.mean.shape == (4, BATCH, 5, 1)
+    for i in range(BATCH):
+        single = _member(model, X, Y, i, **OPTIONS)
+        expected = single.condition_on_observations(
+            X_q[i], Y_q[:, i], noise=None if noise is None else noise[i]
+        ).posterior(X_star, observation_noise=True)
+        torch.testing.assert_close(posterior.mean[:, i], expected.mean, **TOL)
+        torch.testing.assert_close(
+            posterior.covariance_matrix[:, i], expected.covariance_matrix, **TOL
+        )
+
+
+def test_qnipv_through_fantasies_is_each_members():
+    # the posterior variance after fantasies does not depend on the fantasy targets, so
+    # qNIPV of a batched model is each member's, whatever samples BoTorch draws
+    X, Y = _data()
+    model = WiskiGP(X, Y, **OPTIONS)
+    _set_hyperparameters(model)
+    mc_points = torch.rand(16, 2, dtype=DTYPE)
+    candidates = torch.rand(6, 1, 2, 2, dtype=DTYPE)
+    value = qNegIntegratedPosteriorVariance(model, mc_points=mc_points)(candidates)
+    assert value.shape == (6, BATCH)
+    for i in range(BATCH):
+        single = _member(model, X, Y, i, **OPTIONS)
+        expected = qNegIntegratedPosteriorVariance(single, mc_points=mc_points)(candidates[:, 0])
+        torch.testing.assert_close(value[:, i], expected, **TOL)
+
+
 def test_equals_a_batched_single_task_gp_on_a_fine_grid():
     generator = torch.Generator().manual_seed(1)
     X = torch.rand(BATCH, 25, 1, dtype=DTYPE, generator=generator)
@@ -209,8 +249,6 @@ def test_bad_updates_are_refused_and_leave_the_model_unchanged():
         model.observe(X[:, :2], Y[:2, :2])
     with pytest.raises(ValueError, match="outside"):
         model.observe(X[:, :2] + 2, Y[:, :2])
-    with pytest.raises(UnsupportedError, match="batched training data"):
-        model.condition_on_observations(X[:, :2], Y[:, :2])
     with pytest.raises(UnsupportedError, match="batched training data"):
         model.restandardize()
     with pytest.raises(UnsupportedError, match="batched training data"):

@@ -238,12 +238,12 @@ class WiskiGP(
         train_X: ``n x d`` training inputs (``n`` may be 0), or ``batch x n x d``: a batch of
             models, one per batch member, each with its own hyperparameters (the default
             kernel, likelihood, mean and ``Standardize`` get ``batch_shape``), as a batched
-            ``SingleTaskGP``; ``posterior`` then has the batch dimensions and ``observe``
-            takes ``batch x q x d``. Each member costs what one model does
+            ``SingleTaskGP``; ``posterior`` and fantasies then have the batch dimensions
+            and ``observe`` takes ``batch x q x d``. Each member costs what one model does
             (``O(m^2 q)`` per update). So far for learned noise and one output, in grid
             space (``data_space_limit`` 0), without raw data kept (``keep_data`` is
             ignored: observations outside the grid's box are refused), an input
-            transform, fantasies or LOVE; the rest raises a ``ValueError``.
+            transform or LOVE; the rest raises a ``ValueError``.
         train_Y: ``n x k`` training targets. ``k > 1`` gives one model of ``k`` outputs
             observed at the same inputs (as ``SingleTaskGP``'s ``num_outputs``): they share
             the kernel hyperparameters and the noise, hence the interpolation rows, the

@@ -152,11 +152,6 @@ class UpdatesMixin:
         Returns:
             A ``WiskiGP`` with batch shape ``sample_shape + broadcast(batch, model.batch)``.
         """
-        if self._data_batch_shape:
-            raise UnsupportedError(
-                "condition_on_observations (and fantasize) on a WiskiGP with batched "
-                "training data is not supported yet."
-            )
         with self._checked_call() as checks:  # one host read of the value checks
             check_conditioning_data(
                 X,
@@ -175,7 +170,11 @@ class UpdatesMixin:
             self._read_checks(checks)
             posterior = self.exact_posterior()
             y = self._targets(Y_t)
-            noise_q = self._row_noise(conditioning_noise(noise, self, X))
+            if noise is None and self._data_batch_shape:  # each member's own level
+                level = self._observation_noise_variance().detach()  # batch x 1
+                noise_q = level.expand(torch.broadcast_shapes(level.shape, X.shape[:-1]))
+            else:
+                noise_q = self._row_noise(conditioning_noise(noise, self, X))
             correction = self._current_correction().condition(
                 posterior, self._rows(X_t), self._residuals(y), noise_q
             )
