@@ -56,18 +56,25 @@ def _member(model, X, Y, i: int, **options):
 OPTIONS = {"grid_size": 12, "data_space_limit": 0}
 
 
-def test_each_member_is_an_unbatched_model():
+@pytest.mark.parametrize("bounded", [False, True])
+def test_each_member_is_an_unbatched_model(bounded):
     X, Y = _data()
-    model = WiskiGP(X, Y, **OPTIONS)
+    if bounded:  # an input transform with fixed bounds (learns nothing from train_X)
+        bounds = torch.tensor([[-1.0, 0.0], [1.0, 2.0]], dtype=DTYPE)
+        X = bounds[0] + (bounds[1] - bounds[0]) * X
+        options = {**OPTIONS, "input_transform": Normalize(2, bounds=bounds)}
+    else:
+        options = OPTIONS
+    model = WiskiGP(X, Y, **options)
     _set_hyperparameters(model)
     assert model.batch_shape == torch.Size([BATCH])
     assert not model.in_data_space
-    X_star = torch.rand(6, 2, dtype=DTYPE)
+    X_star = X[0, :6].flip(0)
     for observation_noise in (False, True):
         posterior = model.posterior(X_star, observation_noise=observation_noise)
         assert posterior.mean.shape == (BATCH, 6, 1)
         for i in range(BATCH):
-            expected = _member(model, X, Y, i, **OPTIONS).posterior(
+            expected = _member(model, X, Y, i, **options).posterior(
                 X_star, observation_noise=observation_noise
             )
             torch.testing.assert_close(posterior.mean[i], expected.mean, **TOL)
@@ -75,10 +82,10 @@ def test_each_member_is_an_unbatched_model():
                 posterior.covariance_matrix[i], expected.covariance_matrix, **TOL
             )
     # test points with the batch dimension: member i is predicted at its own points
-    X_batch = torch.rand(BATCH, 4, 2, dtype=DTYPE)
+    X_batch = X[:, 5:9]
     posterior = model.posterior(X_batch)
     for i in range(BATCH):
-        expected = _member(model, X, Y, i, **OPTIONS).posterior(X_batch[i])
+        expected = _member(model, X, Y, i, **options).posterior(X_batch[i])
         torch.testing.assert_close(posterior.variance[i], expected.variance, **TOL)
 
 
@@ -223,7 +230,7 @@ def test_botorch_fit_fits_every_member():
     [
         ("train_Yvar", {"train_Yvar": "rows"}),
         ("train_Y", {"outputs": 2}),
-        ("input_transform", {"input_transform": Normalize(2)}),
+        ("input_transform", {"input_transform": Normalize(2)}),  # learned bounds
         ("data_space_limit", {"data_space_limit": 5}),
     ],
 )

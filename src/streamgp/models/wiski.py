@@ -243,7 +243,8 @@ class WiskiGP(
             (``O(m^2 q)`` per update). So far for learned noise and one output, in grid
             space (``data_space_limit`` 0), without raw data kept (``keep_data`` is
             ignored: observations outside the grid's box are refused), an input
-            transform or LOVE; the rest raises a ``ValueError``.
+            transform that learns its coefficients or LOVE; the rest raises a
+            ``ValueError``.
         train_Y: ``n x k`` training targets. ``k > 1`` gives one model of ``k`` outputs
             observed at the same inputs (as ``SingleTaskGP``'s ``num_outputs``): they share
             the kernel hyperparameters and the noise, hence the interpolation rows, the

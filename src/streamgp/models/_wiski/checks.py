@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from streamgp.settings import ValueChecks, deferred_value_checks, skip_value_checks, value_check_all
+from streamgp.utils.validation import learns_input_coefficients
 
 
 def check_batched_options(
@@ -31,7 +32,8 @@ def check_batched_options(
     refused = {
         "train_Yvar": train_Yvar is not None and "fixed noise",
         "train_Y": train_Y.shape[-1] > 1 and f"{train_Y.shape[-1]} outputs",
-        "input_transform": input_transform is not None and "an input transform",
+        "input_transform": learns_input_coefficients(input_transform)
+        and "an input transform that learns its coefficients (e.g. Normalize without bounds)",
         "interpolation": interpolation is not None and "an interpolation factory",
         "data_space_limit": data_space_limit not in (None, 0) and "data space",
     }
