@@ -173,8 +173,9 @@ def test_constructor_rejects_bad_input():
         WiskiGP(X, Y, grid_size=3)
     with pytest.raises(ValueError, match="grid_bounds"):
         WiskiGP(X, Y, grid_bounds=torch.ones(2, 2, dtype=DTYPE))
-    with pytest.raises(ValueError, match="train_X must have shape n x d"):
-        WiskiGP(X.unsqueeze(0), Y.unsqueeze(0))
+    # batched training data (issue 40) must have train_X's batch dimensions on train_Y
+    with pytest.raises(ValueError, match="its batch dimensions must be train_X's"):
+        WiskiGP(X.unsqueeze(0), Y)
     with pytest.raises(ValueError, match="likelihood must be None"):
         from gpytorch.likelihoods import GaussianLikelihood
 

@@ -272,14 +272,27 @@ class InterpolationWeights:
         return (self.values * gathered.view(*batch, rows, k)).sum(-1)
 
     def t_matvec(self, vec: Tensor) -> Tensor:
-        r"""``W^T vec`` for ``vec`` of shape ``... x N`` (unbatched weights only).
+        r"""``W^T vec`` for ``vec`` of shape ``... x N``.
 
         Leading dimensions of ``vec`` (several outputs' targets) are kept: ``... x m``.
+        Batched weights (``batch x N`` rows, one matrix per batch member) broadcast with
+        them: ``broadcast(batch, ...) x m``.
         """
+        if self.batch_shape:
+            return self._batched_t_matvec(vec)
         lead = vec.shape[:-1]
         out = vec.new_zeros(*lead, self.num_grid)
         source = (self.values * vec.unsqueeze(-1)).reshape(*lead, -1)
         return out.index_add_(-1, self.indices.reshape(-1), source)
+
+    def _batched_t_matvec(self, vec: Tensor) -> Tensor:
+        # Each batch member's W^T vec: one scatter-add into a flat (members x m) output.
+        source = self.values * vec.unsqueeze(-1)  # batch x N x k, broadcast
+        lead = source.shape[:-2]
+        entries = source.shape[-2] * source.shape[-1]
+        index = self.indices.expand(*lead, *self.indices.shape[-2:]).reshape(-1, entries)
+        out = vec.new_zeros(index.shape[0], self.num_grid)
+        return out.scatter_add_(-1, index, source.reshape(index.shape)).reshape(*lead, -1)
 
     def unsqueeze_batch(self) -> InterpolationWeights:
         r"""The same rows with one more (size-one) batch dimension, right before the rows.
@@ -324,9 +337,28 @@ class InterpolationWeights:
 
     def add_weighted_gram(self, A: Tensor, weights: Tensor) -> Tensor:
         r"""``A + W^T diag(weights) W`` for a dense ``m x m`` ``A``: one copy of ``A``, no
-        second ``m x m`` matrix (unbatched weights only)."""
+        second ``m x m`` matrix. Batched rows (``batch x N``) add each member's Gram
+        matrix to its own ``batch x m x m`` ``A``; ``weights`` broadcast to the rows."""
+        if self.batch_shape:
+            return self._batched_add_weighted_gram(A, weights)
         rows, cols, vals = self._gram_entries(weights)
         return A.index_put((rows, cols), vals, accumulate=True)
+
+    def _batched_add_weighted_gram(self, A: Tensor, weights: Tensor) -> Tensor:
+        # The unbatched scatter with a third index, the batch member (A flattened to
+        # members x m x m; its batch dims are the rows').
+        k, m = self.indices.shape[-1], self.num_grid
+        idx = self.indices.reshape(-1, self.num_rows, k)
+        members = idx.shape[0]
+        vals = self.values.reshape(members, -1, k)
+        weights = weights.expand(*self.batch_shape, self.num_rows).reshape(members, -1, 1, 1)
+        prod = vals.unsqueeze(-1) * vals.unsqueeze(-2) * weights
+        shape = (members, self.num_rows, k, k)
+        rows = idx.unsqueeze(-1).expand(shape)
+        cols = idx.unsqueeze(-2).expand(shape)
+        member = torch.arange(members, device=idx.device).reshape(-1, 1, 1, 1).expand(shape)
+        flat = A.reshape(members, m, m).index_put((member, rows, cols), prod, accumulate=True)
+        return flat.reshape(A.shape)
 
     def to_dense(self) -> Tensor:
         r"""Dense ``batch_shape x N x m`` matrix (for tests and small problems only)."""

@@ -157,6 +157,9 @@ class GridKernelRoot:
         # autograd) the steps alternate between them instead of allocating: a fresh
         # m x m block is fresh pages from the OS, whose faults cost as much as the GEMM.
         sizes = [f.shape[-1] for f in factors]
+        batch = _batch_shape(factors, rhs)
+        if batch:
+            return _apply_batched(factors, rhs, sizes, batch)
         out = rhs
         for i, factor in enumerate(factors):
             before = math.prod(sizes[:i])
@@ -172,8 +175,15 @@ class GridKernelRoot:
                 out = torch.bmm(factor.expand(before, *factor.shape), block, out=target)
         return out.reshape(rhs.shape)
 
+    @property
+    def batch_shape(self) -> torch.Size:
+        r"""The leading dimensions of the factors (a kernel with ``batch_shape``): one root
+        per batch member; empty for one root."""
+        return torch.broadcast_shapes(*(f.shape[:-2] for f in self.factors))
+
     def matmul(self, rhs: Tensor) -> Tensor:
-        r"""``L @ rhs`` for ``rhs`` of shape ``m`` or ``m x p``."""
+        r"""``L @ rhs`` for ``rhs`` of shape ``m`` or ``m x p`` (``batch x m x p`` with
+        batched factors or a batch of right-hand sides; the batch dims broadcast)."""
         return self._apply(list(self.factors), rhs)
 
     def t_matmul(self, rhs: Tensor) -> Tensor:
@@ -209,7 +219,7 @@ class GridKernelRoot:
             if torch.is_grad_enabled() and any(f.requires_grad for f in factors):
                 factors = [2 * f - f.detach() for f in factors]
         if scale is not None:  # on the small first factor, not on an m x m product
-            factors[0] = scale * factors[0]
+            factors[0] = (scale if scale.dim() == 0 else scale[..., None, None]) * factors[0]
         return self._apply([f.mT for f in factors], first, workspace)
 
     def kernel_trace(self) -> Tensor:
@@ -227,7 +237,9 @@ class GridKernelRoot:
         return out
 
     def to_dense(self) -> Tensor:
-        r"""Dense ``m x m`` ``L``."""
+        r"""Dense ``m x m`` ``L`` (``batch x m x m`` with batched factors)."""
+        if self.batch_shape:
+            return functools.reduce(_batched_kron, self.factors)
         return functools.reduce(torch.kron, self.factors)
 
     def features(self, weights: InterpolationWeights) -> KernelFeatures:
@@ -264,6 +276,36 @@ class GridKernelRoot:
         # list, or an item assigned, is a host-to-device copy (a GPU synchronisation).
         starts = [table.new_full((1,), start, dtype=torch.long) for start in starts]
         return table, torch.cat(starts)
+
+
+def _batch_shape(factors: list[Tensor], rhs: Tensor) -> torch.Size:
+    # The batch of a product with batched factors or a batched m x p rhs (a 1-D rhs has none).
+    rhs_batch = rhs.shape[:-2] if rhs.dim() > 2 else torch.Size()
+    return torch.broadcast_shapes(rhs_batch, *(f.shape[:-2] for f in factors))
+
+
+def _apply_batched(
+    factors: list[Tensor], rhs: Tensor, sizes: list[int], batch: torch.Size
+) -> Tensor:
+    # GridKernelRoot._apply over batch dims: the same per-axis steps, each a broadcast
+    # matmul of the batch x g_i x g_i factor with a batch x before x g_i x rest block.
+    vector = rhs.dim() == 1
+    out = rhs.unsqueeze(-1) if vector else rhs
+    out = out.expand(*batch, *out.shape[-2:])
+    width = out.shape[-1]
+    for i, factor in enumerate(factors):
+        before = math.prod(sizes[:i])
+        block = out.reshape(*batch, before, sizes[i], -1)
+        out = factor.unsqueeze(-3) @ block
+    out = out.reshape(*batch, -1, width)
+    return out.squeeze(-1) if vector else out
+
+
+def _batched_kron(a: Tensor, b: Tensor) -> Tensor:
+    r"""``torch.kron`` of the last two dimensions, batch dims broadcast."""
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    out = a[..., :, None, :, None] * b[..., None, :, None, :]
+    return out.reshape(*batch, a.shape[-2] * b.shape[-2], a.shape[-1] * b.shape[-1])
 
 
 def product(tensor: Tensor, dim: int) -> Tensor:
@@ -397,12 +439,12 @@ def grid_kernel_factors(covar_module: Kernel, grid: list[Tensor]) -> tuple[list[
         points = torch.stack([_axis_points(grid, i) for i in range(len(grid))])
         K = _separable_kernel_matrix(covar_module, points)
         roots = list(jittered_cholesky(K).unbind(0))
-        diag = K[0, 0, 0]
+        diag = K[0, ..., 0, 0]
     else:
         factors = [
             _separable_kernel_matrix(covar_module, _axis_points(grid, i)) for i in range(len(grid))
         ]
-        diag = factors[0][0, 0]
+        diag = factors[0][..., 0, 0]
         roots = [jittered_cholesky(K_i) for K_i in factors]
     return roots, diag.rsqrt() ** (len(grid) - 1)
 
@@ -414,13 +456,22 @@ def _separable_kernel_matrix(covar_module: Kernel, points: Tensor) -> Tensor:
     than ``Kernel.__call__``/``forward``: it skips the lazy-tensor machinery (about half
     the cost of a small kernel matrix) and gpytorch's ``torch.equal(x1, x2)`` test, a
     host read that would synchronise a GPU on every marginal-likelihood evaluation.
-    Separable kernels have no active_dims to apply.
+    Separable kernels have no active_dims to apply. A kernel with ``batch_shape`` gives
+    ``points.shape[:-2] x batch_shape x g x g``: one matrix per batch member.
     """
     base = covar_module.base_kernel if isinstance(covar_module, ScaleKernel) else covar_module
-    x = points / base.lengthscale
+    lengthscale = base.lengthscale  # batch_shape x 1 x d
+    batch = lengthscale.shape[:-2]
+    if isinstance(covar_module, ScaleKernel):
+        batch = torch.broadcast_shapes(batch, covar_module.outputscale.shape)
+    if batch:  # the points' leading dims (axes) go before the kernel's batch dims
+        lead = points.shape[:-2]
+        points = points.reshape(*lead, *([1] * len(batch)), *points.shape[-2:])
+    x = points / lengthscale
     K = postprocess_rbf((x.unsqueeze(-2) - x.unsqueeze(-3)).square().sum(-1))
     if isinstance(covar_module, ScaleKernel):
-        K = K * covar_module.outputscale.reshape(())
+        scale = covar_module.outputscale
+        K = K * (scale[..., None, None] if batch else scale.reshape(()))
     return K
 
 
@@ -428,15 +479,18 @@ def grid_kernel_root(covar_module: Kernel, grid: list[Tensor]) -> GridKernelRoot
     r"""Root ``L`` of ``K_UU`` in Kronecker form for separable kernels, dense otherwise.
 
     Args:
-        covar_module: A (non-batched) gpytorch kernel on ``d``-dimensional inputs.
+        covar_module: A gpytorch kernel on ``d``-dimensional inputs; with a
+            ``batch_shape`` (one set of hyperparameters per batch member, as BoTorch's
+            batched models build them) every factor is ``batch_shape x g_i x g_i``.
         grid: The ``d`` one-dimensional grids (first dimension slowest).
 
     Returns:
-        ``L`` such that ``L L^T = K_UU + jitter``; differentiable in the kernel's
-        hyperparameters.
+        ``L`` such that ``L L^T = K_UU + jitter`` (per batch member, each jittered
+        relative to its own diagonal); differentiable in the kernel's hyperparameters.
     """
     if _is_separable(covar_module):
         factors, scale = grid_kernel_factors(covar_module, grid)
+        scale = scale if scale.dim() == 0 else scale[..., None, None]  # batched kernel
         return GridKernelRoot((factors[0] * scale, *factors[1:]))
     points = torch.cartesian_prod(*grid) if len(grid) > 1 else grid[0].unsqueeze(-1)
     return GridKernelRoot((jittered_cholesky(covar_module(points).to_dense()),))

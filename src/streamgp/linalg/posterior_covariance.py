@@ -125,7 +125,7 @@ class InterpolatedRoot:
 
     Args:
         weights: Sparse interpolation rows ``W_*`` (``batch x t``, ``k`` per row).
-        root: ``m x r`` root ``R``.
+        root: ``m x r`` root ``R`` (``batch x m x r``: one per batch member).
         covariance: Called with the work (in dense multiply-adds) a variance request
             would cost through ``R``; returns ``Sigma_U`` if it is (or is now) cached.
     """
@@ -143,7 +143,9 @@ class InterpolatedRoot:
 
     @property
     def shape(self) -> torch.Size:
-        return torch.Size([*self.weights.batch_shape, self.weights.num_rows, self.root.shape[-1]])
+        # (a batch of roots, batch x m x r, broadcasts with the rows' batch)
+        batch = torch.broadcast_shapes(self.weights.batch_shape, self.root.shape[:-2])
+        return torch.Size([*batch, self.weights.num_rows, self.root.shape[-1]])
 
     @property
     def tensor(self) -> Tensor:

@@ -112,16 +112,16 @@ class PriorVarianceCorrection:
         # One dense factor: the prior "posterior" N(0, L L^T) of the grid values, whose
         # interpolated variances reuse GridPosterior's sparse / cached-K_UU choice.
         self._prior = None
-        if len(root.factors) == 1:
-            L = root.factors[0]
-            self._prior = GridPosterior(root=L, mean=L.new_zeros(L.shape[-1]))
+        if len(root.factors) == 1 or root.batch_shape:  # (a batch of roots: dense)
+            L = root.factors[0] if len(root.factors) == 1 else root.to_dense()
+            self._prior = GridPosterior(root=L, mean=L.new_zeros(L.shape[:-1]))
         # Axes of one size (the default grids): the 4 x 4 blocks of their small kernel
         # matrices K_i = L_i L_i^T that a point's four neighbours on each axis span, for
         # every position of those neighbours, so that w^T (kron_i K_i) w
         # = prod_i w_i^T K_i w_i takes one gather of blocks for all axes and points (a
         # few operations per call, whatever d is).
         self._axis_blocks = None
-        if len(root.factors) > 1 and len({f.shape[-1] for f in root.factors}) == 1:
+        if self._prior is None and len({f.shape[-1] for f in root.factors}) == 1:
             self._axis_blocks = _axis_blocks(torch.stack([f @ f.mT for f in root.factors]))
             # (axis i's block of a point is _axis_blocks[i, base_i]: ``d x 1`` against the
             # rows' ``... x t x d x 1`` bases)
@@ -147,7 +147,8 @@ class PriorVarianceCorrection:
         return product(torch.einsum("...di,...dzij,...dj->...d", values, block, values), -1)
 
     def exact(self, X: Tensor) -> Tensor:
-        r"""``k(x, x)``: a scalar for a stationary kernel, else ``batch x t``."""
+        r"""``k(x, x)``: a scalar for a stationary kernel (``batch_shape x 1`` for a
+        kernel with a ``batch_shape``), else ``batch x t``."""
         if not self.stationary:
             return self.covar_module(X, diag=True)
         if self._variance is None:
@@ -158,7 +159,8 @@ class PriorVarianceCorrection:
                     K = _separable_kernel_matrix(self.covar_module, self.point)
                 else:  # its kernel root was evaluated with the same call
                     K = self.covar_module(self.point, diag=True)
-                self._variance = K.reshape(-1)[0]
+                batch = self.root.batch_shape  # one variance per batch member
+                self._variance = K.reshape(*batch, -1)[..., :1] if batch else K.reshape(-1)[0]
         return self._variance
 
     def __call__(self, X: Tensor, weights) -> Tensor:
@@ -170,7 +172,7 @@ class PriorVarianceCorrection:
         """
         exact = self.exact(X)
         ski = self.interpolated(weights)
-        if exact.dim() > 0:
+        if not self.stationary:
             exact = exact.reshape(ski.shape)
         return (exact - ski).clamp_min(0.0)
 

@@ -116,10 +116,13 @@ class Statistics(Protocol):
 
 
 def _noise_sums(y: Tensor, noise: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-    """Row precisions, ``sum(log noise)`` and ``sum(noise)`` (unit precision without noise)."""
+    """Row precisions, ``sum(log noise)`` and ``sum(noise)`` (unit precision without noise);
+    batched noise (``batch x q``) gives one sum per batch member."""
     if noise is None:
         zero = torch.zeros((), dtype=y.dtype, device=y.device)
         return y.new_ones(y.shape[-1]), zero, zero  # rows are shared by all outputs
+    if noise.dim() > 1:
+        return noise.reciprocal(), noise.log().sum(-1), noise.sum(-1)
     return noise.reciprocal(), noise.log().sum(), noise.sum()
 
 
@@ -166,7 +169,10 @@ class GridStatistics:
             COO for large grids); :attr:`A` is the whole sum.
         b: ``m`` ``W^T Lambda^{-1} y``; c: ``y^T Lambda^{-1} y``; n: the count. With
             ``k`` outputs observed at the same rows (one noise per row), ``b`` is
-            ``k x m`` and ``c`` has ``k`` entries; everything else is shared.
+            ``k x m`` and ``c`` has ``k`` entries; everything else is shared. A batch of
+            models (``batch x n`` rows, as a batched ``SingleTaskGP``'s training data)
+            has ``batch x m x m`` ``gram`` (dense only), ``batch x m`` ``b`` and
+            ``batch`` ``c`` (and noise sums with fixed noise); ``n`` is shared.
         sum_log_noise, sum_noise: ``sum(log lambda_i)`` and ``sum(lambda_i)``
             (zero without fixed noise).
         fixed_noise: True when rows carry their own noise (then ``A, b, c`` are
@@ -187,19 +193,34 @@ class GridStatistics:
     pending: tuple[Tensor, ...] = ()
 
     @staticmethod
-    def empty(num_grid: int, like: Tensor, fixed_noise: bool, sparse: bool) -> GridStatistics:
-        r"""No rows yet, for targets shaped like ``like`` (``n``, or ``k x n``: ``k`` outputs)."""
+    def empty(
+        num_grid: int,
+        like: Tensor,
+        fixed_noise: bool,
+        sparse: bool,
+        batch_shape: tuple[int, ...] = (),
+    ) -> GridStatistics:
+        r"""No rows yet, for targets shaped like ``like`` (``n``, or ``k x n``: ``k`` outputs).
+
+        ``batch_shape``: a batch of models (dense only), whose targets ``like`` are
+        ``batch_shape x n``; ``A`` then gets the batch dimensions too.
+        """
         tkwargs = {"dtype": like.dtype, "device": like.device}
         outputs = like.shape[:-1]
+        if batch_shape and sparse:
+            raise ValueError("Sparse (large-grid) statistics are unbatched.")
         if sparse:
             index = torch.zeros(2, 0, dtype=torch.long, device=like.device)
             A = torch.sparse_coo_tensor(
                 index, torch.zeros(0, **tkwargs), (num_grid, num_grid), check_invariants=False
             )
         else:
-            A = torch.zeros(num_grid, num_grid, **tkwargs)
+            A = torch.zeros(*batch_shape, num_grid, num_grid, **tkwargs)
         zero = torch.zeros((), **tkwargs)
         b, c = torch.zeros(*outputs, num_grid, **tkwargs), torch.zeros(outputs, **tkwargs)
+        if batch_shape and fixed_noise:  # the noise sums are per member
+            noise = torch.zeros(batch_shape, **tkwargs)
+            return GridStatistics(A, b, c, zero, noise, noise, fixed_noise)
         return GridStatistics(A, b, c, zero, zero, zero, fixed_noise)
 
     @cached_property
@@ -227,7 +248,8 @@ class GridStatistics:
         return self.b.device
 
     def add(self, weights: InterpolationWeights, y: Tensor, noise: Tensor | None = None):
-        r"""Statistics after adding rows ``(W, y, noise)`` (unbatched); new tensors."""
+        r"""Statistics after adding rows ``(W, y, noise)``; new tensors. A batch of models
+        takes ``batch x q`` rows (targets and noise), one set per member."""
         precision, log_noise, noise_sum = _noise_sums(y, noise if self.fixed_noise else None)
         gram, pending = self.gram, ()
         if self.sparse:
@@ -260,6 +282,7 @@ class GridStatistics:
         like: Tensor,
         fixed_noise: bool,
         sparse: bool,
+        batch_shape: tuple[int, ...] = (),
     ) -> GridStatistics:
         r"""The statistics of many rows, given in chunks ``(weights, y, noise)``.
 
@@ -269,8 +292,9 @@ class GridStatistics:
         (:class:`~streamgp.linalg.grid_gram.CellGram`) and form one coalesced sparse
         matrix at the end, instead of a sparse matrix of ``q 16^d`` entries per chunk
         and its merge: a ``32^3`` grid absorbs ``10^6`` rows in seconds, not minutes.
+        ``batch_shape``: a batch of models (:meth:`empty`), rows ``batch_shape x q``.
         """
-        stats = GridStatistics.empty(num_grid, like, fixed_noise, sparse)
+        stats = GridStatistics.empty(num_grid, like, fixed_noise, sparse, batch_shape)
         cells = None
         for weights, y, noise in chunks:
             if not (sparse and weights.axes and weights.indices.dim() == 2):
@@ -318,6 +342,9 @@ class GridStatistics:
         A, b, c, n, sum_log_noise, precision = self.sums_and_precision(noise_variance)
         if precision is None:
             return A, b, c, n, sum_log_noise
+        if precision.dim() > 0:  # one noise level per batch member
+            vector = precision.unsqueeze(-1)
+            return A * vector.unsqueeze(-1), b * vector, c * precision, n, sum_log_noise
         return A * precision, b * precision, c * precision, n, sum_log_noise
 
     def log_marginal_likelihood(

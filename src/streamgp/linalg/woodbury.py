@@ -334,16 +334,27 @@ def factorize(L_K: GridKernelRoot, A: Tensor, b: Tensor) -> GridPosterior:
 
     Args:
         L_K: Root of ``K_UU``.
-        A: ``m x m`` noise-weighted ``W^T Lambda^{-1} W``.
+        A: ``m x m`` noise-weighted ``W^T Lambda^{-1} W`` (``batch x m x m`` for a batch
+            of models, with a kernel root of the same batch shape).
         b: ``m`` noise-weighted ``W^T Lambda^{-1} y``, or ``k x m`` for ``k`` outputs
-            that share ``A`` (the root is shared; the mean is ``k x m``).
+            that share ``A`` (the root is shared; the mean is ``k x m``); ``batch x m``
+            for a batch of models.
     """
     L_C = _cholesky_C(L_K, A)
     # R^T = L_C^{-1} L_K^T, a triangular solve instead of an explicit inverse.
     R_t = torch.linalg.solve_triangular(L_C, L_K.to_dense().mT, upper=False)
     root = R_t.mT
+    if _batched_vector(A, b):  # one row per batch member
+        return GridPosterior(root=root, mean=((b.unsqueeze(-2) @ root) @ R_t).squeeze(-2))
     # alpha = R R^T b, written for a row (or rows) b so that k outputs are one product.
     return GridPosterior(root=root, mean=(b @ root) @ R_t)
+
+
+def _batched_vector(matrix: Tensor, vector: Tensor) -> bool:
+    r"""Whether ``vector`` is one grid vector per batch member of a batched ``matrix``
+    (``batch x m`` against ``batch x m x m``): a product needs it as a row (``k``
+    outputs' ``batch x k x m`` rows, and unbatched vectors, multiply as they are)."""
+    return matrix.dim() > 2 and vector.dim() == matrix.dim() - 1
 
 
 def log_marginal_likelihood(
@@ -363,7 +374,9 @@ def log_marginal_likelihood(
     the value is the same, and the backward pass skips a congruence with ``A``.
 
     ``k`` outputs sharing ``A`` (``b``: ``k x m``, ``c``: ``k``) give ``k`` values from
-    one factorisation.
+    one factorisation. A batch of models (``A``: ``batch x m x m``, ``b``: ``batch x m``,
+    ``c``, ``sum_log_noise`` and ``precision``: ``batch``, ``L_K`` with batched factors)
+    gives one value per member (the dense path: the Kronecker closed form is unbatched).
     """
     if _kronecker_closed_form(L_K, A, b):
         p = torch.ones((), dtype=b.dtype, device=b.device) if precision is None else precision
@@ -374,7 +387,7 @@ def log_marginal_likelihood(
     else:
         z = L_K.t_matmul(b.unsqueeze(-1)).squeeze(-1)
     if precision is not None:
-        z = precision * z
+        z = (precision if precision.dim() == 0 else precision.unsqueeze(-1)) * z
     logdet_minus_quad = logdet_plus_quad(_matrix_C(L_K, A, precision), z, -1.0)
     return assemble_log_likelihood(logdet_minus_quad, c, n, sum_log_noise, precision)
 
@@ -420,6 +433,8 @@ def _whitened_downdate(R: Tensor, RV: Tensor, V: Tensor, N: Tensor) -> Tensor:
     eye = torch.eye(N.shape[-1], dtype=N.dtype, device=N.device)
     # K V^T = (I + N)^{-1} V^T, a triangular solve (no inverse).
     KVt = torch.linalg.solve_triangular(eye + N, V.mT, upper=False)
+    if R.dim() > 2:  # a batch of roots
+        return torch.baddbmm(R, RV, KVt, alpha=-1.0) if R.dim() == 3 else R - RV @ KVt
     return torch.addmm(R, RV, KVt, alpha=-1.0)
 
 
@@ -438,9 +453,11 @@ def update_root(
 
     Args:
         posterior: Current grid posterior (not modified).
-        W_q: Interpolation weights of the ``q`` new inputs (unbatched).
-        y: ``q`` new targets (``k x q`` for ``k`` outputs sharing the root).
-        noise: ``q`` observation noise variances.
+        W_q: Interpolation weights of the ``q`` new inputs (unbatched; ``batch x q``
+            rows for a batch of models, whose root is ``batch x m x m``: each member
+            absorbs its own rows in ``O(m^2 q)``).
+        y: ``q`` new targets (``k x q`` for ``k`` outputs sharing the root; ``batch x q``).
+        noise: ``q`` observation noise variances (``batch x q``).
     """
     R, alpha = posterior.root, posterior.mean
     U_t = W_q.matmul(R)  # q x m, rows u_i = R^T w_i
@@ -453,13 +470,17 @@ def update_root(
     residual = (y - W_q.dot(alpha)) * scale
     coef = torch.linalg.solve_triangular(L, residual.unsqueeze(-1), upper=False)
     RV = R @ V
-    new_mean = alpha + coef.squeeze(-1) @ RV.mT  # alpha + R V L^{-1} D^{-1/2} r
+    if _batched_vector(R, alpha):  # alpha + R V L^{-1} D^{-1/2} r, per batch member
+        new_mean = alpha + (coef.mT @ RV.mT).squeeze(-2)
+    else:  # alpha + R V L^{-1} D^{-1/2} r
+        new_mean = alpha + coef.squeeze(-1) @ RV.mT
     N = torch.linalg.solve_triangular(L, eye, upper=False)  # L^{-1}: the factor of I - V^T V
     return posterior.downdated(_whitened_downdate(R, RV, V, N), new_mean, RV)
 
 
 def fold_low_rank(posterior: GridPosterior, V: Tensor, gamma: Tensor) -> GridPosterior:
-    r"""Fold an unbatched :class:`LowRankCorrection` back into a single root.
+    r"""Fold an unbatched :class:`LowRankCorrection` back into a single root (or that of
+    a batch of models, ``V``: ``batch x m x Q``, into each member's root).
 
     ``I - V V^T = T T^T`` with ``T = I - V (I + N)^{-1} V^T``, ``N`` the Cholesky factor
     of ``I - V^T V`` (``V^T V < I`` because ``V V^T`` is a posterior variance reduction
@@ -470,7 +491,10 @@ def fold_low_rank(posterior: GridPosterior, V: Tensor, gamma: Tensor) -> GridPos
     eye = torch.eye(V.shape[-1], dtype=V.dtype, device=V.device)
     N = cholesky(eye - V.mT @ V)
     RV = R @ V
-    new_mean = alpha + gamma @ RV.mT
+    if _batched_vector(R, alpha):  # a batch of models, each with its own V and gamma
+        new_mean = alpha + (gamma.unsqueeze(-2) @ RV.mT).squeeze(-2)
+    else:
+        new_mean = alpha + gamma @ RV.mT
     return posterior.downdated(_whitened_downdate(R, RV, V, N), new_mean, RV)
 
 

@@ -166,6 +166,7 @@ from streamgp.models._wiski import (
     UpdatesMixin,
     ValueChecksMixin,
 )
+from streamgp.models._wiski.checks import check_batched_options
 from streamgp.models._wiski.state import _DATA_KEY_PREFIXES, _GRID_FIELDS  # noqa: F401 (as before)
 from streamgp.models.base import StreamingModelMixin
 from streamgp.models.utils import (
@@ -234,7 +235,16 @@ class WiskiGP(
     r"""Exact SKI Gaussian process with constant-time (in ``n``) online updates.
 
     Args:
-        train_X: ``n x d`` training inputs (``n`` may be 0).
+        train_X: ``n x d`` training inputs (``n`` may be 0), or ``batch x n x d``: a batch of
+            models, one per batch member, each with its own hyperparameters (the default
+            kernel, likelihood, mean and ``Standardize`` get ``batch_shape``), as a batched
+            ``SingleTaskGP``; ``posterior`` and fantasies then have the batch dimensions
+            and ``observe`` takes ``batch x q x d``. Each member costs what one model does
+            (``O(m^2 q)`` per update). So far for learned noise and one output, in grid
+            space (``data_space_limit`` 0), without raw data kept (``keep_data`` is
+            ignored: observations outside the grid's box are refused), an input
+            transform that learns its coefficients or LOVE; the rest raises a
+            ``ValueError``.
         train_Y: ``n x k`` training targets. ``k > 1`` gives one model of ``k`` outputs
             observed at the same inputs (as ``SingleTaskGP``'s ``num_outputs``): they share
             the kernel hyperparameters and the noise, hence the interpolation rows, the
@@ -345,6 +355,8 @@ class WiskiGP(
 
     #: Set per model from ``train_Y``'s columns.
     _num_outputs = 1
+    #: The training data's batch dimensions (``train_X``: ``batch x n x d``), set per model.
+    _data_batch_shape = torch.Size([])
     #: Largest grid that keeps the exact dense ``m x m`` root; larger grids use the
     #: structured LOVE path (decided at construction).
     MAX_DENSE_GRID = settings.MAX_DENSE_GRID
@@ -441,11 +453,21 @@ class WiskiGP(
         mean_module: ConstantMean | ZeroMean | None = None,
         exact_prior_variance: bool = True,
     ) -> None:
-        check_grid_model_data(train_X, train_Y, train_Yvar, likelihood, multi_output=True)
+        check_grid_model_data(
+            train_X, train_Y, train_Yvar, likelihood, multi_output=True, batched=True
+        )
         num_outputs = train_Y.shape[-1]
+        # Batched training data (b x n x d): one model per batch member, as a batched
+        # SingleTaskGP (learned noise, one output, grid space: check_batched_options).
+        data_batch = train_X.shape[:-2]
+        if data_batch:
+            check_batched_options(
+                train_Y, train_Yvar, input_transform, interpolation, data_space_limit
+            )
+            data_space_limit, keep_data = 0, False
         if mean_module is None:  # SingleTaskGP's: a learned constant for each output
             mean_module = ConstantMean(
-                batch_shape=torch.Size([num_outputs] if num_outputs > 1 else [])
+                batch_shape=torch.Size([num_outputs] if num_outputs > 1 else data_batch)
             )
         elif type(mean_module) is ConstantMean:
             if mean_module.constant.numel() not in (1, num_outputs):
@@ -480,6 +502,7 @@ class WiskiGP(
             )
         check_choice(extrapolation, "extrapolation", EXTRAPOLATION_POLICIES)
         super().__init__()
+        self._data_batch_shape = data_batch
         self.extrapolation = extrapolation
         self.exact_prior_variance = exact_prior_variance
         self._num_outputs = num_outputs
@@ -502,7 +525,8 @@ class WiskiGP(
         )
 
         if covar_module is None:
-            covar_module = get_covar_module_with_dim_scaled_prior(ard_num_dims=dim)
+            batch = {"batch_shape": data_batch} if data_batch else {}
+            covar_module = get_covar_module_with_dim_scaled_prior(ard_num_dims=dim, **batch)
         self.covar_module = covar_module.to(**tkwargs)
         self.mean_module = mean_module.to(**tkwargs)
         self.fixed_noise = train_Yvar is not None
@@ -512,7 +536,11 @@ class WiskiGP(
             self.likelihood = bind_row_noise(self)
         else:
             self.likelihood = (
-                get_gaussian_likelihood_with_lognormal_prior() if likelihood is None else likelihood
+                get_gaussian_likelihood_with_lognormal_prior(
+                    **({"batch_shape": data_batch} if data_batch else {})
+                )
+                if likelihood is None
+                else likelihood
             ).to(**tkwargs)
 
         y_all = self._targets(train_Y)
@@ -575,8 +603,13 @@ class WiskiGP(
         return min(num_grid, self.MAX_DENSE_GRID)
 
     def _check_dense_for_outputs(self, interpolation: Any, structured: bool) -> None:
-        r"""Refuse a grid too large for a dense root in a multi-output model (at
+        r"""Refuse a grid too large for a dense root in a multi-output or batched model (at
         construction, a re-grid or a checkpoint's grid)."""
+        if structured and self._data_batch_shape:
+            raise ValueError(
+                f"grid_size: a batched WiskiGP needs a dense grid (at most MAX_DENSE_GRID = "
+                f"{self.MAX_DENSE_GRID} points, this one has {interpolation.num_grid})."
+            )
         if structured and self._num_outputs > 1:
             raise ValueError(
                 f"train_Y has {self._num_outputs} columns; multi-output WiskiGP needs a dense "
@@ -725,6 +758,8 @@ class WiskiGP(
         posterior = self.exact_posterior()
         if self._correction is not None or isinstance(posterior, DataPosterior):
             return None
+        if self._data_batch_shape:  # (LOVE roots are unbatched: the exact path)
+            return None
         if self.structured:
             return posterior
         if not (fast_pred_var.on() or fast_pred_samples.on()):
@@ -747,7 +782,12 @@ class WiskiGP(
         if not self._caches_valid():
             return None
         posterior = self._posterior
-        update_noise = self.noise_variance.expand(y.shape[-1:]) if noise is None else noise
+        if noise is not None:
+            update_noise = noise
+        elif self._data_batch_shape:  # one noise level per batch member
+            update_noise = self.noise_variance.unsqueeze(-1).expand(y.shape)
+        else:
+            update_noise = self.noise_variance.expand(y.shape[-1:])
         if isinstance(posterior, DataPosterior):
             if statistics.count > self.data_space_limit or self._posterior_on_grid(statistics):
                 return None  # the next prediction factorises on the grid

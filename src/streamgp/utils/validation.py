@@ -130,18 +130,40 @@ def learns_input_coefficients(input_transform: object | None) -> bool:
 
 
 def check_train_data(
-    train_X: object, train_Y: object, *, allow_empty: bool = True, multi_output: bool = False
+    train_X: object,
+    train_Y: object,
+    *,
+    allow_empty: bool = True,
+    multi_output: bool = False,
+    batched: bool = False,
 ) -> None:
     r"""Validate a single-task model's constructor data ``train_X``, ``train_Y``.
 
     Args:
-        train_X: Must be an unbatched ``n x d`` floating tensor.
+        train_X: Must be an unbatched ``n x d`` floating tensor (``batch x n x d`` with
+            ``batched``).
         train_Y: Must be ``n x 1`` (``n x k`` with ``multi_output``), with ``train_X``'s
-            dtype and device.
+            dtype, device and batch dimensions.
         allow_empty: Whether ``n = 0`` is accepted.
         multi_output: Whether ``train_Y`` may have more than one column.
+        batched: Whether leading batch dimensions are accepted.
     """
     check_tensor(train_X, "train_X", min_dim=2)
+    if batched and train_X.dim() > 2:
+        check_tensor(train_Y, "train_Y", like=train_X, min_dim=2)
+        if train_Y.shape[:-2] != train_X.shape[:-2]:
+            raise ValueError(
+                f"train_Y has shape {tuple(train_Y.shape)}; its batch dimensions must be "
+                f"train_X's {tuple(train_X.shape[:-2])}."
+            )
+        check_targets(
+            train_Y,
+            "train_Y",
+            train_X.shape[-2],
+            batch_ok=True,
+            num_outputs=None if multi_output else 1,
+        )
+        return
     if train_X.dim() != 2 or (not allow_empty and len(train_X) == 0):
         at_least = "" if allow_empty else " with n >= 1"
         raise ValueError(
@@ -199,16 +221,19 @@ def check_grid_model_data(
     *,
     allow_empty: bool = True,
     multi_output: bool = False,
+    batched: bool = False,
 ) -> None:
     r"""Validate the constructor data of a grid (SKI) model.
 
-    ``train_X`` must be ``n x d`` (unbatched), ``train_Y`` ``n x 1`` (``n x k`` with
-    ``multi_output``), ``train_Yvar``
+    ``train_X`` must be ``n x d`` (``batch x n x d`` with ``batched``), ``train_Y``
+    ``n x 1`` (``n x k`` with ``multi_output``), ``train_Yvar``
     (fixed noise) of ``train_Y``'s shape and positive, in which case ``likelihood``
     must be ``None``; otherwise ``likelihood`` must be a learned-noise gpytorch
     ``GaussianLikelihood`` or ``None``.
     """
-    check_train_data(train_X, train_Y, allow_empty=allow_empty, multi_output=multi_output)
+    check_train_data(
+        train_X, train_Y, allow_empty=allow_empty, multi_output=multi_output, batched=batched
+    )
     if train_Yvar is not None:
         check_tensor(train_Yvar, "train_Yvar", like=train_X, min_dim=2)
         if train_Yvar.shape != train_Y.shape:
@@ -234,16 +259,22 @@ def check_new_observations(
     dim: int,
     fixed_noise: bool,
     num_outputs: int = 1,
+    batch_shape: torch.Size = torch.Size([]),  # noqa: B008 (immutable)
 ) -> None:
     r"""Validate an in-place ``observe(X, Y, Yvar)`` batch.
 
     ``X`` must be ``q x dim``, ``Y`` ``q x num_outputs``; ``Yvar`` is required (of
-    ``Y``'s shape, positive) exactly when the model has fixed noise.
+    ``Y``'s shape, positive) exactly when the model has fixed noise. A batched model
+    (``batch_shape``) takes ``batch_shape x q x dim`` and ``batch_shape x q x num_outputs``.
     """
     check_tensor(X, "X", like=like, min_dim=2, last_dim=dim)
-    if X.dim() != 2:
-        raise ValueError(f"X must have shape q x d, got {tuple(X.shape)}.")
-    check_targets(check_tensor(Y, "Y", like=like, min_dim=2), "Y", len(X), num_outputs=num_outputs)
+    if X.shape[:-2] != batch_shape:
+        layout = " x ".join([*(str(b) for b in batch_shape), "q", "d"])
+        raise ValueError(f"X must have shape {layout}, got {tuple(X.shape)}.")
+    Y = check_tensor(Y, "Y", like=like, min_dim=2)
+    if batch_shape and Y.shape[:-2] != batch_shape:
+        raise ValueError(f"Y has shape {tuple(Y.shape)}; its batch dimensions must be X's.")
+    check_targets(Y, "Y", X.shape[-2], batch_ok=bool(batch_shape), num_outputs=num_outputs)
     if fixed_noise and Yvar is None:
         raise ValueError("Yvar is required: this model uses fixed noise (train_Yvar).")
     if not fixed_noise and Yvar is not None:

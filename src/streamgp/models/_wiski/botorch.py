@@ -32,6 +32,8 @@ class BoTorchDataMixin:
     @property
     def batch_shape(self) -> torch.Size:
         shape = super().batch_shape
+        if self._data_batch_shape:  # batched training data
+            return torch.broadcast_shapes(self._data_batch_shape, shape)
         # A multi-output correction carries the outputs as its last batch dimension.
         return shape[:-1] if self._num_outputs > 1 and self._correction is not None else shape
 

@@ -11,11 +11,39 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from streamgp.settings import ValueChecks, deferred_value_checks, skip_value_checks, value_check_all
+from streamgp.utils.validation import learns_input_coefficients
+
+
+def check_batched_options(
+    train_Y: Tensor,
+    train_Yvar: Tensor | None,
+    input_transform: Any,
+    interpolation: Any,
+    data_space_limit: int | None,
+) -> None:
+    r"""Refuse what a batched ``WiskiGP`` (``train_X``: ``batch x n x d``) does not do yet,
+    naming the argument."""
+    refused = {
+        "train_Yvar": train_Yvar is not None and "fixed noise",
+        "train_Y": train_Y.shape[-1] > 1 and f"{train_Y.shape[-1]} outputs",
+        "input_transform": learns_input_coefficients(input_transform)
+        and "an input transform that learns its coefficients (e.g. Normalize without bounds)",
+        "interpolation": interpolation is not None and "an interpolation factory",
+        "data_space_limit": data_space_limit not in (None, 0) and "data space",
+    }
+    for name, what in refused.items():
+        if what:
+            raise ValueError(
+                f"{name}: a WiskiGP with batched training data (train_X: batch x n x d) "
+                f"does not support {what} yet; it has learned noise, one output and grid "
+                "statistics (data_space_limit=0)."
+            )
 
 
 class ValueChecksMixin:
@@ -37,6 +65,12 @@ class ValueChecksMixin:
             noise = self._mean_noise_with_conditioning()
         return noise
 
+    def _observation_noise_variance(self) -> Tensor:
+        r""":attr:`noise_variance` as ``posterior(X, observation_noise=True)`` adds it:
+        ``batch x 1`` for batched training data (one level per member)."""
+        noise = self.noise_variance
+        return noise.unsqueeze(-1) if self._data_batch_shape else noise
+
     def _mean_noise_with_conditioning(self) -> Tensor:
         r"""The mean fixed noise over the statistics' rows and the conditioning log's
         (held-back observed rows or fantasy rows): ``O(q)``, never the kept rows."""
@@ -53,6 +87,8 @@ class ValueChecksMixin:
         r"""The learned noise variance; with fixed noise the mean of the observed rows'
         (1 before any), from the statistics' noise sum: ``O(1)``, never the rows."""
         if not self.fixed_noise:
+            if self._data_batch_shape:  # one level per batch member (batch x 1)
+                return self.likelihood.noise.squeeze(-1)
             return self.likelihood.noise.reshape(())
         statistics = self._statistics
         n = statistics.n
@@ -64,7 +100,8 @@ class ValueChecksMixin:
         value_check_all(
             noise > 0,
             lambda: ValueError(
-                f"The likelihood's noise variance is {noise.item():.3g}, not positive. BoTorch's "
+                f"The likelihood's noise variance is {noise.min().item():.3g}, not positive. "
+                "BoTorch's "
                 "default constraints have no transform (bounds are enforced by the optimizer), so "
                 "a plain torch optimizer can step out of them: use botorch.fit.fit_gpytorch_mll / "
                 "fit_gpytorch_mll_torch, or a likelihood with a transformed noise constraint "

@@ -30,10 +30,14 @@ class OutputsMixin:
 
     def _prior_mean(self) -> Tensor | None:
         r"""The constant prior mean (transformed space): a scalar for one output, one per
-        output (shape ``k``) for ``k``; None for ``ZeroMean``."""
+        output (shape ``k``) for ``k``, one per batch member for batched data; None for
+        ``ZeroMean``."""
         if not isinstance(self.mean_module, ConstantMean):
             return None
         constant = self.mean_module.constant
+        batch = self._data_batch_shape
+        if batch:  # one constant per batch member (or one for all)
+            return constant.reshape(batch) if constant.numel() > 1 else constant.reshape(-1)[0]
         if self._num_outputs == 1:
             return constant.reshape(())
         return constant.reshape(-1).expand(self._num_outputs)

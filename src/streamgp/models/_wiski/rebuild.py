@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
+from botorch.exceptions.errors import UnsupportedError
 from botorch.models.transforms.outcome import Standardize
 from gpytorch.kernels import ScaleKernel
 from gpytorch.means import ConstantMean
@@ -210,6 +211,10 @@ class RebuildMixin:
             raise ValueError(
                 "restandardize supports learned noise only: with train_Yvar the statistics "
                 "keep noise-weighted target sums, not the moments Standardize needs."
+            )
+        if self._data_batch_shape:
+            raise UnsupportedError(
+                "restandardize on a WiskiGP with batched training data is not supported yet."
             )
         if len(self.batch_shape) > 0:
             raise RuntimeError("restandardize is not available on a batched (fantasy) model.")

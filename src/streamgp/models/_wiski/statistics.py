@@ -37,7 +37,7 @@ class StatisticsMixin:
     ) -> DataStatistics | GridStatistics:
         r"""The statistics of transformed data on a grid: their rows while at most
         ``data_space_limit``, else the grid sums."""
-        if len(X_t) <= self.data_space_limit:
+        if not self._data_batch_shape and len(X_t) <= self.data_space_limit:
             # y is n (one output) or k x n: the rows are shared by all outputs.
             if not isinstance(interpolation, CubicGridInterpolation):  # rows of its own width
                 return DataStatistics(interpolation.weights(X_t), y, noise)
@@ -63,9 +63,9 @@ class StatisticsMixin:
         """
         chunks = (
             (
-                interpolation.weights(X_t[start : start + self.STATISTICS_CHUNK]),
+                interpolation.weights(X_t[..., start : start + self.STATISTICS_CHUNK, :]),
                 y[..., start : start + self.STATISTICS_CHUNK],
-                None if noise is None else noise[start : start + self.STATISTICS_CHUNK],
+                None if noise is None else noise[..., start : start + self.STATISTICS_CHUNK],
             )
             for start in range(0, y.shape[-1], self.STATISTICS_CHUNK)
         )
@@ -76,6 +76,7 @@ class StatisticsMixin:
                 y,
                 self.fixed_noise,
                 sparse=self.structured if sparse is None else sparse,
+                batch_shape=self._data_batch_shape,
             )
 
     @property
@@ -192,6 +193,8 @@ class StatisticsMixin:
         value = self._centered(statistics).log_marginal_likelihood(
             self.kernel_root(), self.noise_variance, tol=self.love_tolerance
         )
+        if self._data_batch_shape:  # one value per member, as gpytorch's batched exact MLL
+            return value, statistics.n
         return value.sum(), statistics.n  # summed over the outputs (one per output)
 
     @property

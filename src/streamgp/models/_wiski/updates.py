@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
+from botorch.exceptions.errors import UnsupportedError
 from gpytorch.means import ConstantMean
 from torch import Tensor
 
@@ -59,9 +60,11 @@ class UpdatesMixin:
                 dim=self.interpolation.dim,
                 fixed_noise=self.fixed_noise,
                 num_outputs=self._num_outputs,
+                batch_shape=self._data_batch_shape,
             )
+            q = X.shape[-2]
             X_t, Y_t, Yvar_t = self._transform_new_data(X, Y, Yvar)
-            if self._conditioning_log and len(self.batch_shape) > 0 and len(X):
+            if self._conditioning_log and len(self.batch_shape) > 0 and q:
                 raise RuntimeError(
                     "observe is not available on a model conditioned on batched (fantasy) "
                     "observations; observe on the parent model instead."
@@ -69,7 +72,7 @@ class UpdatesMixin:
             outside = []  # set at the read: whether a kept-data model must re-grid
             if self.observations is None:
                 self._check_observed_inputs(X_t)
-            elif not skip_value_checks.on() and len(X):
+            elif not skip_value_checks.on() and q:
                 flag = self.interpolation.any_outside(X_t)
                 checks.decide(flag, outside.append)
             noise = None if Yvar_t is None else self._shared_noise(Yvar_t, "Yvar")
@@ -79,7 +82,7 @@ class UpdatesMixin:
                     bounds = grown_grid_bounds(self.interpolation.bounds, X_t.detach())
                     self._regrid(bounds, X, Y, Yvar)
                 return self
-            if len(X) == 0:
+            if q == 0:
                 return self
             self._observe_on_grid(X_t, Y_t, noise)
             self._pending_failure = self._take_failures(checks)
@@ -111,6 +114,7 @@ class UpdatesMixin:
         return (
             isinstance(self._posterior, GridPosterior)
             and not self.fixed_noise  # its likelihood holds the mean noise of all rows
+            and not self._data_batch_shape  # (the conditioning log is a fantasy's batch)
             and q <= self.ROOT_UPDATE_MAX_FRACTION * self.interpolation.num_grid
             and self._caches_valid()
         )
@@ -166,7 +170,11 @@ class UpdatesMixin:
             self._read_checks(checks)
             posterior = self.exact_posterior()
             y = self._targets(Y_t)
-            noise_q = self._row_noise(conditioning_noise(noise, self, X))
+            if noise is None and self._data_batch_shape:  # each member's own level
+                level = self._observation_noise_variance().detach()  # batch x 1
+                noise_q = level.expand(torch.broadcast_shapes(level.shape, X.shape[:-1]))
+            else:
+                noise_q = self._row_noise(conditioning_noise(noise, self, X))
             correction = self._current_correction().condition(
                 posterior, self._rows(X_t), self._residuals(y), noise_q
             )
@@ -195,6 +203,10 @@ class UpdatesMixin:
         idcs = list(idcs)
         if not idcs or any(not isinstance(i, int) or not 0 <= i < k for i in idcs):
             raise ValueError(f"idcs must be output indices in [0, {k}), got {idcs}.")
+        if self._data_batch_shape:
+            raise UnsupportedError(
+                "subset_output on a WiskiGP with batched training data is not supported yet."
+            )
         if len(self.batch_shape) > 0:
             raise RuntimeError(
                 "subset_output is not available on a model conditioned on batched (fantasy) "

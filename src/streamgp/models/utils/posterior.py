@@ -135,9 +135,14 @@ class PosteriorMixin:
                 self._latent_posterior(X_t),
                 X_t,
                 observation_noise,
-                lambda: self.noise_variance,
+                self._observation_noise_variance,
                 posterior_transform,
             )
+
+    def _observation_noise_variance(self) -> Tensor:
+        r"""What ``observation_noise=True`` adds, broadcastable to the ``batch x q``
+        latent mean: :attr:`noise_variance`."""
+        return self.noise_variance
 
     def _checked_call(self) -> contextlib.AbstractContextManager[ValueChecks]:
         r"""The scope of one public call whose value checks are read from the device
@@ -230,8 +235,9 @@ def _num_outputs(model: torch.nn.Module) -> int:
 def _standardize_coefficients(transform: Standardize) -> tuple[Tensor, Tensor]:
     r"""``Standardize``'s means and standard deviations: scalars for one output, ``k``
     entries for ``k`` (matching a ``... x k`` batch of outputs)."""
-    if transform._m == 1:
-        return transform.means.reshape(()), transform.stdvs.reshape(())
+    if transform._m == 1:  # (a batched transform: one per batch member)
+        batch = transform.means.shape[:-2]
+        return transform.means.reshape(batch), transform.stdvs.reshape(batch)
     return transform.means.reshape(-1), transform.stdvs.reshape(-1)
 
 
