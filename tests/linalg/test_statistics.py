@@ -75,7 +75,7 @@ def _model(X, Y, Yvar=None, **kwargs):
 
 def _mll_without_priors(model):
     mll = WoodburyMarginalLogLikelihood(model.likelihood, model)
-    priors = sum(p.log_prob(c(m)).sum() for _, m, p, c, _ in mll.named_priors())
+    priors = sum(p.log_prob(c(m)).sum() for _, m, p, c, _ in mll.model.named_priors())
     return mll() - priors / model.num_train
 
 

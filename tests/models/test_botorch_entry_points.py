@@ -134,7 +134,7 @@ def test_loss_closure_is_the_models_objective_and_fitting_improves_it(name):
         value, n = model.fit_objective()
         priors = sum(
             prior.log_prob(closure(module)).sum()
-            for _, module, prior, closure, _ in mll.named_priors()
+            for _, module, prior, closure, _ in model.named_priors()  # once each, as gpytorch
         )
         reference = -(value + priors) / n
     assert torch.allclose(loss, reference, rtol=1e-12)

@@ -20,7 +20,12 @@ def per_datum_objective(mll: MarginalLogLikelihood, value: Tensor, n: Tensor | i
         n: The number of observations (clamped below at 1, so an empty model's
             objective is its log hyperprior).
     """
+    seen: set[tuple[int, int]] = set()
     for _, module, prior, closure, _ in mll.named_priors():
+        # The likelihood is listed twice (the mll's and its model's): count each once.
+        if (id(module), id(prior)) in seen:
+            continue
+        seen.add((id(module), id(prior)))
         log_prob = prior.log_prob(closure(module))
         if value.dim() == 0:
             value = value + log_prob.sum()
