@@ -15,7 +15,7 @@ from botorch.sampling import SobolQMCNormalSampler
 from gpytorch.mlls import ExactMarginalLogLikelihood, SumMarginalLogLikelihood
 
 from streamgp import AdditiveWiskiGP
-from streamgp.models.additive_wiski import check_groups
+from streamgp.models.additive_wiski import AdditiveGridInterpolation, check_groups
 
 DT = torch.float64
 
@@ -271,6 +271,22 @@ def test_small_n_is_kept_in_data_space_up_to_a_quarter_of_the_grid():
     assert not model.in_data_space and model.num_train == 100
     with pytest.raises(ValueError, match="data_space_limit"):
         AdditiveWiskiGP(X, Y, data_space_limit=-1)
+
+
+@pytest.mark.parametrize("groups", [[[0], [1], [2], [3]], [[3], [0], [2]]])
+def test_singleton_rows_in_one_call_equal_the_per_group_rows(groups):
+    # The default groups' rows come from one product grid's per-axis rows (no loop over
+    # groups); they must be the loop's rows, values and gradients in X, bit for bit.
+    bounds = torch.tensor([[-0.1] * 4, [1.2] * 4], dtype=DT)
+    fast = AdditiveGridInterpolation(bounds, groups, 12)
+    loop = AdditiveGridInterpolation(bounds, groups, 12)
+    loop._singletons = None
+    X = torch.rand(2, 5, 4, dtype=DT, requires_grad=True)
+    rows = [interp.weights(X) for interp in (fast, loop)]
+    assert torch.equal(rows[0].indices, rows[1].indices)
+    assert torch.equal(rows[0].values, rows[1].values)
+    grads = [torch.autograd.grad(r.values.square().sum(), X)[0] for r in rows]
+    assert torch.equal(grads[0], grads[1])
 
 
 def test_check_groups_pairs():

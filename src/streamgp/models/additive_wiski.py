@@ -167,6 +167,17 @@ class AdditiveGridInterpolation(GridBox):
             offsets.append(total)
             total += part.num_grid
         self.offsets = offsets
+        # Singleton groups of one size (the default) are the axes of one product grid over
+        # their columns: its per-axis rows, computed in one call for all groups, are the
+        # groups' rows (no Python loop over groups on the hot path).
+        self._singletons = None
+        if all(len(group) == 1 for group in self.groups) and len(set(sizes)) == 1:
+            columns = torch.tensor([group[0] for group in self.groups], device=bounds.device)
+            self._singletons = (
+                columns,
+                CubicGridInterpolation(bounds[:, columns], [sizes[0]] * len(self.groups)),
+                torch.tensor(offsets, device=bounds.device),
+            )
 
     @property
     def dim(self) -> int:
@@ -183,6 +194,14 @@ class AdditiveGridInterpolation(GridBox):
     def weights(self, X: Tensor) -> InterpolationWeights:
         r"""``batch_shape x N x sum_g 4^|S_g|`` weights of ``batch_shape x N x d`` points."""
         scale = 1.0 / len(self.parts)
+        if self._singletons is not None:
+            columns, grid, offsets = self._singletons
+            indices, values = grid.weights(X.index_select(-1, columns)).stacked_axes()
+            # groups x ... x N x 4 -> ... x N x (groups 4), group-major as the loop below
+            offsets = offsets.view(-1, *[1] * (indices.dim() - 1))
+            indices = (indices + offsets).movedim(0, -2).flatten(-2)
+            values = (values * scale).movedim(0, -2).flatten(-2)
+            return InterpolationWeights(indices, values, self.num_grid)
         indices, values = [], []
         for part, columns, offset in zip(self.parts, self._columns, self.offsets, strict=True):
             rows = part.weights(X.index_select(-1, columns))
