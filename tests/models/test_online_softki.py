@@ -752,6 +752,21 @@ def test_an_observation_far_from_the_points_warns():
     assert model.num_train == 34  # absorbed (and said), not lost
 
 
+@pytest.mark.parametrize("cls", [SoftKIGP, OnlineSoftKIGP], ids=lambda c: c.__name__)
+def test_a_prediction_far_from_every_point_warns(cls):
+    # (issue 37: far from its points SoftKI predicts as at the nearest ones, a variance
+    # of 0.005-0.03 at x = 1e6 where the prior's is about 1: said, not silent)
+    X = 0.1 + 0.8 * torch.rand(
+        30, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0)
+    )
+    model = cls(X, torch.sin(4 * X).sum(-1, keepdim=True), num_inducing=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FarFromPointsWarning)
+        model.posterior(torch.rand(5, 2, dtype=torch.float64) * 1.2 - 0.1)  # near: silent
+    with pytest.warns(FarFromPointsWarning, match="does not revert to the prior"):
+        model.posterior(torch.tensor([[1e6, 1e6]], dtype=torch.float64))
+
+
 def _far_stream():
     generator = torch.Generator().manual_seed(0)
     X = 0.1 + 0.8 * torch.rand(30, 2, dtype=DTYPE, generator=generator)

@@ -33,17 +33,63 @@ temperatures give (numerically) one-hot rows instead of ``0 / 0``.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from streamgp import settings
 from streamgp.interpolation.grid import InterpolationWeights
+from streamgp.settings import value_warning
 
 #: Floor on squared distances before the square root: ``sqrt`` has an infinite
 #: derivative at 0 (a point sitting exactly on an interpolation point), the floor
 #: makes it finite while changing distances by at most ``1e-15``.
 _MIN_SQUARED_DISTANCE = 1e-30
+
+
+class FarFromPointsWarning(UserWarning):
+    r"""An input far outside the region the interpolation points cover."""
+
+
+def far_from_points(X: Tensor, points: Tensor, margin: float = settings.FAR_MARGIN) -> Tensor:
+    r"""Whether any row of ``X`` lies more than ``margin`` of the largest side of the
+    points' bounding box beyond that box (a boolean tensor, computed on the device).
+
+    There softmax weights fall on the nearest points alone: the point is modelled as if
+    it were at them.
+
+    Example:
+        >>> Z = torch.tensor([[0.0, 0.0], [1.0, 1.0]])
+        >>> bool(far_from_points(torch.tensor([[1.2, 0.5]]), Z)), bool(
+        ...     far_from_points(torch.tensor([[3.0, 0.5]]), Z))
+        (False, True)
+    """
+    lower, upper = points.min(-2).values, points.max(-2).values
+    pad = margin * (upper - lower).max()
+    return ((X < lower - pad) | (X > upper + pad)).any()
+
+
+def warn_far_predictions(
+    X: Tensor, points: Tensor, margin: float = settings.FAR_MARGIN, name: str = "X"
+) -> None:
+    r"""Warn (:class:`FarFromPointsWarning`, in the call's one read) when SoftKI predicts
+    at inputs far from every interpolation point: its posterior there is that of the
+    nearest points, and its variance does not revert to the prior's."""
+
+    def warn() -> None:
+        warnings.warn(
+            f"{name} has points far outside the region of the interpolation points (more "
+            f"than {margin:g} of its extent beyond their box): softmax interpolation predicts "
+            "them as at their nearest points, so their mean and variance are those points' "
+            "(the variance does not revert to the prior's). Keep the inputs inside the "
+            "region the points cover, or move the points (OnlineSoftKIGP.set_points).",
+            FarFromPointsWarning,
+            stacklevel=6,
+        )
+
+    value_warning(far_from_points(X, points, margin), warn)
 
 
 def softmax_logits(X: Tensor, Z: Tensor, temperature: Tensor | float, squared: bool = False):

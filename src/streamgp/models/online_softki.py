@@ -78,7 +78,13 @@ from torch import Tensor
 
 from streamgp import settings
 from streamgp.interpolation.grid import InterpolationWeights, grown_grid_bounds
-from streamgp.interpolation.softmax import DenseInterpolationWeights, softmax_interpolation
+from streamgp.interpolation.softmax import (
+    DenseInterpolationWeights,
+    FarFromPointsWarning,
+    far_from_points,
+    softmax_interpolation,
+    warn_far_predictions,
+)
 from streamgp.linalg.grid_kernel import GridKernelRoot, point_kernel_root
 from streamgp.models.softki import (
     DEFAULT_NUM_INDUCING,
@@ -103,10 +109,6 @@ from streamgp.utils.validation import (
 DEFAULT_PRETRAIN_EPOCHS = 50
 #: ``SoftKIGP.fit`` options the model sets itself (not through ``pretrain_options``).
 _RESERVED_FIT_OPTIONS = ("num_epochs", "check_noise")
-
-
-class FarFromPointsWarning(UserWarning):
-    r"""An observation far outside the region the interpolation points cover."""
 
 
 class SoftmaxPointInterpolation(torch.nn.Module):
@@ -174,12 +176,12 @@ class SoftmaxPointInterpolation(torch.nn.Module):
     def far(self, X: Tensor) -> Tensor:
         r"""Whether any row of ``X`` lies more than :attr:`FAR_MARGIN` of the points' box
         beyond it (a boolean tensor, computed on the device)."""
-        box = self.bounds
-        margin = self.FAR_MARGIN * (box[1] - box[0]).max()
-        return ((X < box[0] - margin) | (X > box[1] + margin)).any()
+        return far_from_points(X, self.points, self.FAR_MARGIN)
 
     def prediction_inputs(self, X: Tensor, extrapolation: str = "nearest", name: str = "X"):
-        r"""``X`` itself: softmax weights extrapolate (towards the nearest points)."""
+        r"""``X`` itself: softmax weights extrapolate (towards the nearest points), with a
+        :class:`FarFromPointsWarning` for inputs far from every point."""
+        warn_far_predictions(X, self.points, self.FAR_MARGIN, name)
         return X
 
     def weights(self, X: Tensor) -> DenseInterpolationWeights | InterpolationWeights:

@@ -85,7 +85,11 @@ from torch import Tensor
 
 from streamgp import settings
 from streamgp.inducing.kmeans import KMeansSelector
-from streamgp.interpolation.softmax import DenseInterpolationWeights, softmax_weights
+from streamgp.interpolation.softmax import (
+    DenseInterpolationWeights,
+    softmax_weights,
+    warn_far_predictions,
+)
 from streamgp.linalg.grid_kernel import cholesky_with_jitter
 from streamgp.linalg.posterior_covariance import PosteriorCovariance
 from streamgp.linalg.woodbury import GridPosterior, LowRankCorrection
@@ -879,6 +883,12 @@ class SoftKIGP(
         check_tensor(
             X, name, like=self.train_X_t, min_dim=2, last_dim=self.inducing_points.shape[-1]
         )
+
+    def _prediction_inputs(self, X: Tensor) -> Tensor:
+        # Softmax weights predict anywhere; far from every point, as at the nearest ones.
+        X_t = super()._prediction_inputs(X)
+        warn_far_predictions(X_t, self.inducing_points.detach())
+        return X_t
 
     def forward(self, X: Tensor) -> MultivariateNormal:
         r"""Posterior of the latent function at already-transformed inputs ``X``."""
