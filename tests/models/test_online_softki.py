@@ -763,8 +763,11 @@ def test_a_prediction_far_from_every_point_warns(cls):
     with warnings.catch_warnings():
         warnings.simplefilter("error", FarFromPointsWarning)
         model.posterior(torch.rand(5, 2, dtype=torch.float64) * 1.2 - 0.1)  # near: silent
+    far = torch.tensor([[1e6, 1e6]], dtype=torch.float64)
     with pytest.warns(FarFromPointsWarning, match="does not revert to the prior"):
-        model.posterior(torch.tensor([[1e6, 1e6]], dtype=torch.float64))
+        model.posterior(far)
+    with pytest.warns(FarFromPointsWarning, match="absorbed"):  # a fantasy there too
+        model.condition_on_observations(far, torch.tensor([[50.0]], dtype=torch.float64))
 
 
 def _far_stream():

@@ -75,16 +75,18 @@ def warn_far_predictions(
     X: Tensor, points: Tensor, margin: float = settings.FAR_MARGIN, name: str = "X"
 ) -> None:
     r"""Warn (:class:`FarFromPointsWarning`, in the call's one read) when SoftKI predicts
-    at inputs far from every interpolation point: its posterior there is that of the
-    nearest points, and its variance does not revert to the prior's."""
+    or conditions at inputs far from every interpolation point: its posterior there is
+    that of the nearest points (the variance does not revert to the prior's), and an
+    observation there is absorbed at them."""
 
     def warn() -> None:
         warnings.warn(
             f"{name} has points far outside the region of the interpolation points (more "
-            f"than {margin:g} of its extent beyond their box): softmax interpolation predicts "
-            "them as at their nearest points, so their mean and variance are those points' "
-            "(the variance does not revert to the prior's). Keep the inputs inside the "
-            "region the points cover, or move the points (OnlineSoftKIGP.set_points).",
+            f"than {margin:g} of its extent beyond their box): softmax interpolation treats "
+            "them as if at their nearest points, so a prediction there is those points' (the "
+            "variance does not revert to the prior's) and an observation there is absorbed "
+            "at them. Keep the inputs inside the region the points cover, or move the "
+            "points (OnlineSoftKIGP.set_points).",
             FarFromPointsWarning,
             stacklevel=6,
         )

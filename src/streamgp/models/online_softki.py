@@ -168,7 +168,9 @@ class SoftmaxPointInterpolation(torch.nn.Module):
         return torch.stack([self.points.min(0).values, self.points.max(0).values])
 
     def check_inside(self, X: Tensor, name: str = "X") -> None:
-        r"""Nothing to check: softmax weights are defined at every input."""
+        r"""Nothing to refuse (softmax weights are defined at every input); inputs far
+        from every point get a :class:`FarFromPointsWarning` (e.g. a conditioning there)."""
+        warn_far_predictions(X, self.points, self.FAR_MARGIN, name)
 
     #: See :data:`streamgp.settings.FAR_MARGIN` (overridable here).
     FAR_MARGIN = settings.FAR_MARGIN

@@ -928,6 +928,7 @@ class SoftKIGP(
             X, Y, noise, like=self.train_X_t, dim=self.inducing_points.shape[-1]
         )
         X_t, Y_t, _ = transform_new_data(self, X, Y)
+        warn_far_predictions(X_t, self.inducing_points.detach())
         posterior = self.softki_posterior()
         y = Y_t.squeeze(-1)
         noise_q = conditioning_noise(noise, self, X)
