@@ -1,6 +1,6 @@
 """A WiskiGP on batched training data (``b x n x d``) is ``b`` models, as a batched SingleTaskGP.
 
-Issue 40, item 1 (first slice: learned noise, one output, grid space). Oracles: each batch
+Issue 40, item 1 (learned and fixed noise, one output, grid space). Oracles: each batch
 member equals an unbatched ``WiskiGP`` on that member's data with that member's
 hyperparameters (1e-10), and the batched model equals a batched ``SingleTaskGP`` with the
 same hyperparameters on a fine grid (1e-3).
@@ -15,6 +15,7 @@ from botorch.exceptions.errors import UnsupportedError
 from botorch.fit import fit_gpytorch_mll
 from botorch.models import SingleTaskGP
 from botorch.models.transforms import Normalize
+from botorch.sampling import SobolQMCNormalSampler
 from gpytorch.mlls import ExactMarginalLogLikelihood
 
 from streamgp.mlls import WoodburyMarginalLogLikelihood
@@ -56,6 +57,25 @@ def _member(model, X, Y, i: int, **options):
 OPTIONS = {"grid_size": 12, "data_space_limit": 0}
 
 
+def _assert_objective_and_gradients_are_members(model, singles) -> None:
+    r"""The fit objective (one value per member) and its gradients are each member's."""
+    value, n = model.fit_objective()
+    assert value.shape == (BATCH,) and int(n) == model.num_train
+    names = [name for name, _ in model.named_parameters()]
+    grads = torch.autograd.grad(value.sum(), list(model.parameters()))
+    for i, single in enumerate(singles):
+        single.train()
+        expected, _ = single.fit_objective()
+        torch.testing.assert_close(value[i], expected, **TOL)
+        single_names, single_params = zip(*single.named_parameters(), strict=True)
+        single_grads = torch.autograd.grad(expected, single_params)
+        single_grads = dict(zip(single_names, single_grads, strict=True))
+        for name, grad in zip(names, grads, strict=True):
+            torch.testing.assert_close(
+                grad[i].reshape(single_grads[name].shape), single_grads[name], **TOL
+            )
+
+
 @pytest.mark.parametrize("bounded", [False, True])
 def test_each_member_is_an_unbatched_model(bounded):
     X, Y = _data()
@@ -94,22 +114,9 @@ def test_marginal_likelihood_and_gradients_are_each_members():
     model = WiskiGP(X, Y, **OPTIONS)
     _set_hyperparameters(model)
     model.train()
-    value, n = model.fit_objective()
-    assert value.shape == (BATCH,) and int(n) == 20
-    names = [name for name, _ in model.named_parameters()]
-    grads = torch.autograd.grad(value.sum(), list(model.parameters()))
-    for i in range(BATCH):
-        single = _member(model, X, Y, i, **OPTIONS)
-        single.train()
-        expected, _ = single.fit_objective()
-        torch.testing.assert_close(value[i], expected, **TOL)
-        single_names, single_params = zip(*single.named_parameters(), strict=True)
-        single_grads = torch.autograd.grad(expected, single_params)
-        single_grads = dict(zip(single_names, single_grads, strict=True))
-        for name, grad in zip(names, grads, strict=True):
-            torch.testing.assert_close(
-                grad[i].reshape(single_grads[name].shape), single_grads[name], **TOL
-            )
+    _assert_objective_and_gradients_are_members(
+        model, [_member(model, X, Y, i, **OPTIONS) for i in range(BATCH)]
+    )
     # The MLL module: one value per member with that member's priors, as gpytorch's
     # ExactMarginalLogLikelihood of a batched model (BoTorch's fit sums them).
     value = WoodburyMarginalLogLikelihood(model.likelihood, model)()
@@ -228,7 +235,6 @@ def test_botorch_fit_fits_every_member():
 @pytest.mark.parametrize(
     ("argument", "options"),
     [
-        ("train_Yvar", {"train_Yvar": "rows"}),
         ("train_Y", {"outputs": 2}),
         ("input_transform", {"input_transform": Normalize(2)}),  # learned bounds
         ("data_space_limit", {"data_space_limit": 5}),
@@ -239,8 +245,6 @@ def test_what_the_slice_does_not_cover_is_refused_by_name(argument, options):
     options = dict(options)
     if options.pop("outputs", 1) == 2:
         Y = torch.cat([Y, Y.cos()], dim=-1)
-    if options.get("train_Yvar") == "rows":
-        options["train_Yvar"] = torch.full_like(Y, 0.01)
     with pytest.raises(ValueError, match=f"^{argument}: a WiskiGP with batched training data"):
         WiskiGP(X, Y, grid_size=8, **options)
 
@@ -262,3 +266,220 @@ def test_bad_updates_are_refused_and_leave_the_model_unchanged():
         model.subset_output([0])
     assert model.num_train == 20
     torch.testing.assert_close(model.posterior(X_star).mean, before, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------ fixed noise (train_Yvar)
+def _fixed_noise_data(n: int = 20, seed: int = 0):
+    X, Y = _data(n, seed=seed)
+    generator = torch.Generator().manual_seed(seed + 100)
+    Yvar = 0.01 + 0.05 * torch.rand(BATCH, n, 1, dtype=DTYPE, generator=generator)
+    return X, Y, Yvar * (1 + torch.arange(BATCH, dtype=DTYPE).reshape(-1, 1, 1))
+
+
+def _set_fixed_noise_hyperparameters(model) -> None:
+    members = torch.arange(BATCH, dtype=DTYPE)
+    d = model.covar_module.lengthscale.shape[-1]
+    with torch.no_grad():
+        lengthscale = 0.2 + 0.05 * members.reshape(-1, 1, 1) + 0.03 * torch.arange(d)
+        model.covar_module.lengthscale = lengthscale.to(DTYPE)
+        model.mean_module.constant.copy_(0.1 * members - 0.1)
+
+
+def test_fixed_noise_each_member_is_an_unbatched_fixed_noise_model():
+    X, Y, Yvar = _fixed_noise_data()
+    model = WiskiGP(X, Y, Yvar, **OPTIONS)
+    _set_fixed_noise_hyperparameters(model)
+    assert model.batch_shape == torch.Size([BATCH]) and model.fixed_noise
+    singles = [_member(model, X, Y, i, train_Yvar=Yvar[i], **OPTIONS) for i in range(BATCH)]
+    # likelihood.noise: b x n, each member's rows' transformed noise; the rows are folded
+    # into grid sums, so each shows its member's mean (the keep_data=False rule)
+    noise = model.likelihood.noise
+    assert noise.shape == (BATCH, 20)
+    for i, single in enumerate(singles):
+        expected = single.likelihood.noise
+        torch.testing.assert_close(noise[i], expected.mean().expand(20), **TOL)
+        torch.testing.assert_close(
+            noise.mean(-1, keepdim=True)[i], expected.mean(-1, keepdim=True), **TOL
+        )
+    X_star = X[0, :6].flip(0)
+    for observation_noise in (False, True):
+        posterior = model.posterior(X_star, observation_noise=observation_noise)
+        assert posterior.mean.shape == (BATCH, 6, 1)
+        for i, single in enumerate(singles):
+            expected = single.posterior(X_star, observation_noise=observation_noise)
+            torch.testing.assert_close(posterior.mean[i], expected.mean, **TOL)
+            torch.testing.assert_close(
+                posterior.covariance_matrix[i], expected.covariance_matrix, **TOL
+            )
+    # the marginal likelihood and its gradients, member by member
+    model.train()
+    _assert_objective_and_gradients_are_members(model, singles)
+
+
+def test_fixed_noise_observe_is_each_members_observe_with_its_noise():
+    X, Y, Yvar = _fixed_noise_data(n=14)
+    model = WiskiGP(X[:, :10], Y[:, :10], Yvar[:, :10], **OPTIONS)
+    _set_fixed_noise_hyperparameters(model)
+    singles = [
+        _member(model, X[:, :10], Y[:, :10], i, train_Yvar=Yvar[i, :10], **OPTIONS)
+        for i in range(BATCH)
+    ]
+    model.posterior(X[0])  # factorised: the observe updates the root
+    model.observe(X[:, 10:], Y[:, 10:], Yvar[:, 10:])
+    assert model.num_train == 14 and model.likelihood.noise.shape == (BATCH, 14)
+    X_star = torch.rand(5, 2, dtype=DTYPE)
+    for observation_noise in (False, True):
+        posterior = model.posterior(X_star, observation_noise=observation_noise)
+        for i, single in enumerate(singles):
+            if not observation_noise:
+                single.posterior(X[0])
+                single.observe(X[i, 10:], Y[i, 10:], Yvar[i, 10:])
+            expected = single.posterior(X_star, observation_noise=observation_noise)
+            torch.testing.assert_close(posterior.mean[i], expected.mean, **TOL)
+            torch.testing.assert_close(
+                posterior.covariance_matrix[i], expected.covariance_matrix, **TOL
+            )
+    for i, single in enumerate(singles):
+        torch.testing.assert_close(
+            model.likelihood.noise[i].mean(), single.likelihood.noise.mean(), **TOL
+        )
+
+
+@pytest.mark.parametrize("given_noise", [False, True])
+def test_fixed_noise_fantasies_are_each_members(given_noise):
+    X, Y, Yvar = _fixed_noise_data()
+    model = WiskiGP(X, Y, Yvar, **OPTIONS)
+    _set_fixed_noise_hyperparameters(model)
+    X_q = torch.rand(BATCH, 2, 2, dtype=DTYPE)
+    Y_q = torch.randn(4, BATCH, 2, 1, dtype=DTYPE)
+    noise = 0.01 + 0.05 * torch.rand(BATCH, 2, 1, dtype=DTYPE) if given_noise else None
+    view = model.condition_on_observations(X_q, Y_q, noise=noise)
+    assert view.batch_shape == torch.Size([4, BATCH])
+    # its own likelihood: each member's rows, then its fantasy rows; the parent's is unchanged
+    assert view.likelihood is not model.likelihood
+    assert view.likelihood.noise.shape == (4, BATCH, 22)
+    assert model.likelihood.noise.shape == (BATCH, 20)
+    X_star = torch.rand(5, 2, dtype=DTYPE)
+    posterior = view.posterior(X_star, observation_noise=True)
+    latent = view.posterior(X_star)
+    assert posterior.mean.shape == (4, BATCH, 5, 1)
+    # a nested conditioning without noise: each member's mean over its rows and fantasy rows
+    X_2, Y_2 = torch.rand(BATCH, 1, 2, dtype=DTYPE), torch.randn(4, BATCH, 1, 1, dtype=DTYPE)
+    nested = view.condition_on_observations(X_2, Y_2).posterior(X_star, observation_noise=True)
+    for i in range(BATCH):
+        single = _member(model, X, Y, i, train_Yvar=Yvar[i], **OPTIONS)
+        single_view = single.condition_on_observations(
+            X_q[i], Y_q[:, i], noise=None if noise is None else noise[i]
+        )
+        expected = single_view.condition_on_observations(X_2[i], Y_2[:, i])
+        expected = expected.posterior(X_star, observation_noise=True)
+        torch.testing.assert_close(nested.mean[:, i], expected.mean, **TOL)
+        torch.testing.assert_close(nested.variance[:, i], expected.variance, **TOL)
+        torch.testing.assert_close(
+            view.likelihood.noise[:, i, 20:], single_view.likelihood.noise[..., 20:], **TOL
+        )
+        for batched, expected in (
+            (posterior, single_view.posterior(X_star, observation_noise=True)),
+            (latent, single_view.posterior(X_star)),
+        ):
+            torch.testing.assert_close(batched.mean[:, i], expected.mean, **TOL)
+            torch.testing.assert_close(
+                batched.covariance_matrix[:, i], expected.covariance_matrix, **TOL
+            )
+    # BoTorch's fantasize: the fantasy rows get each member's mean training noise
+    sampler = SobolQMCNormalSampler(torch.Size([2]), seed=0)
+    fantasy = model.fantasize(X_q, sampler)
+    assert fantasy.batch_shape == torch.Size([2, BATCH])
+    torch.testing.assert_close(
+        fantasy.likelihood.noise[..., 20:],
+        model.likelihood.noise.mean(-1, keepdim=True).expand(2, BATCH, 2),
+        **TOL,
+    )
+    fantasy_posterior = fantasy.posterior(X_star, observation_noise=True)
+    for i in range(BATCH):
+        single = _member(model, X, Y, i, train_Yvar=Yvar[i], **OPTIONS)
+        expected = single.fantasize(X_q[i], SobolQMCNormalSampler(torch.Size([2]), seed=0))
+        # the fantasy targets differ (BoTorch draws them from each model's own posterior
+        # shape); the variance does not depend on them
+        expected = expected.posterior(X_star, observation_noise=True)
+        torch.testing.assert_close(fantasy_posterior.variance[:, i], expected.variance, **TOL)
+
+
+def test_fixed_noise_equals_a_batched_fixed_noise_single_task_gp_on_a_fine_grid():
+    generator = torch.Generator().manual_seed(1)
+    X = torch.rand(BATCH, 25, 1, dtype=DTYPE, generator=generator)
+    Y = torch.sin(6 * X) * torch.arange(1, BATCH + 1, dtype=DTYPE).reshape(-1, 1, 1)
+    Yvar = (0.01 + 0.05 * torch.rand(BATCH, 25, 1, dtype=DTYPE, generator=generator)) * (
+        1 + torch.arange(BATCH, dtype=DTYPE).reshape(-1, 1, 1)
+    )
+    model = WiskiGP(X, Y, Yvar, grid_size=400)
+    oracle = SingleTaskGP(X, Y, Yvar)
+    for m in (model, oracle):
+        _set_fixed_noise_hyperparameters(m)
+    oracle.eval()
+    # the per-member mean noise, which observation_noise=True adds, is SingleTaskGP's
+    torch.testing.assert_close(
+        model.likelihood.noise.mean(-1, keepdim=True),
+        oracle.likelihood.noise.mean(-1, keepdim=True),
+        **TOL,
+    )
+    X_star = torch.rand(10, 1, dtype=DTYPE)
+    for observation_noise in (False, True):
+        posterior = model.posterior(X_star, observation_noise=observation_noise)
+        expected = oracle.posterior(X_star, observation_noise=observation_noise)
+        assert posterior.mean.shape == expected.mean.shape == (BATCH, 10, 1)
+        torch.testing.assert_close(posterior.mean, expected.mean, rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(posterior.variance, expected.variance, rtol=1e-3, atol=1e-3)
+    # fantasies: the fantasy rows' noise is SingleTaskGP's (each member's mean), and so
+    # is the posterior variance after them
+    X_q = torch.rand(BATCH, 2, 1, dtype=DTYPE, generator=generator)
+    fantasies = [
+        m.fantasize(X_q, SobolQMCNormalSampler(torch.Size([2]), seed=0)) for m in (model, oracle)
+    ]
+    # (SingleTaskGP's is b x (n + q), broadcast over the fantasies; ours carries them)
+    noise, expected = (f.likelihood.noise[..., 25:] for f in fantasies)
+    assert noise.shape == (2, BATCH, 2)
+    torch.testing.assert_close(noise, expected.expand_as(noise), **TOL)
+    posterior, expected = (f.posterior(X_star, observation_noise=True) for f in fantasies)
+    torch.testing.assert_close(posterior.variance, expected.variance, rtol=1e-3, atol=1e-3)
+
+
+def test_fixed_noise_bad_noise_is_refused_by_name_and_leaves_the_model_unchanged():
+    X, Y, Yvar = _fixed_noise_data()
+    with pytest.raises(ValueError, match="train_Yvar"):
+        WiskiGP(X, Y, -Yvar, **OPTIONS)
+    with pytest.raises(ValueError, match="train_Yvar"):
+        WiskiGP(X, Y, Yvar[:2], **OPTIONS)
+    with pytest.raises(ValueError, match="train_Yvar"):
+        WiskiGP(X, Y, Yvar[:, :5], **OPTIONS)
+    model = WiskiGP(X, Y, Yvar, **OPTIONS)
+    X_star = torch.rand(4, 2, dtype=DTYPE)
+    before = model.posterior(X_star, observation_noise=True)
+    noise_before = model.likelihood.noise
+    X_new, Y_new = X[:, :2], Y[:, :2]
+    for bad in (-Yvar[:, :2], Yvar[:2, :2], Yvar[:, :3], Yvar[0, :2], None):
+        with pytest.raises(ValueError, match="Yvar"):
+            model.observe(X_new, Y_new, bad)
+    assert model.num_train == 20
+    after = model.posterior(X_star, observation_noise=True)
+    assert torch.equal(after.mean, before.mean) and torch.equal(after.variance, before.variance)
+    assert torch.equal(model.likelihood.noise, noise_before)
+
+
+def test_fixed_noise_checkpoint_round_trip_is_bit_identical():
+    X, Y, Yvar = _fixed_noise_data(n=16)
+    model = WiskiGP(X[:, :12], Y[:, :12], Yvar[:, :12], **OPTIONS)
+    _set_fixed_noise_hyperparameters(model)
+    model.observe(X[:, 12:14], Y[:, 12:14], Yvar[:, 12:14])
+    checkpoint = model.checkpoint()
+    resumed = WiskiGP(X[:, :5], Y[:, :5], Yvar[:, :5], **OPTIONS)
+    assert resumed.restore(checkpoint) is resumed
+    X_star = torch.rand(5, 2, dtype=DTYPE)
+    for _ in range(2):
+        for observation_noise in (False, True):
+            a = model.posterior(X_star, observation_noise=observation_noise)
+            b = resumed.posterior(X_star, observation_noise=observation_noise)
+            assert torch.equal(a.mean, b.mean) and torch.equal(a.variance, b.variance)
+        assert torch.equal(model.likelihood.noise, resumed.likelihood.noise)
+        model.observe(X[:, 14:], Y[:, 14:], Yvar[:, 14:])
+        resumed.observe(X[:, 14:], Y[:, 14:], Yvar[:, 14:])

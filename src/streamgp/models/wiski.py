@@ -240,11 +240,11 @@ class WiskiGP(
             kernel, likelihood, mean and ``Standardize`` get ``batch_shape``), as a batched
             ``SingleTaskGP``; ``posterior`` and fantasies then have the batch dimensions
             and ``observe`` takes ``batch x q x d``. Each member costs what one model does
-            (``O(m^2 q)`` per update). So far for learned noise and one output, in grid
-            space (``data_space_limit`` 0), without raw data kept (``keep_data`` is
-            ignored: observations outside the grid's box are refused), an input
-            transform that learns its coefficients or LOVE; the rest raises a
-            ``ValueError``.
+            (``O(m^2 q)`` per update). So far for one output (learned noise, or fixed
+            noise with ``batch x n x 1`` ``train_Yvar``), in grid space
+            (``data_space_limit`` 0), without raw data kept (``keep_data`` is ignored:
+            observations outside the grid's box are refused), an input transform that
+            learns its coefficients or LOVE; the rest raises a ``ValueError``.
         train_Y: ``n x k`` training targets. ``k > 1`` gives one model of ``k`` outputs
             observed at the same inputs (as ``SingleTaskGP``'s ``num_outputs``): they share
             the kernel hyperparameters and the noise, hence the interpolation rows, the
@@ -258,6 +258,9 @@ class WiskiGP(
             ``SingleTaskGP``, ``likelihood.noise`` is then every row's (transformed) noise
             variance, and a conditioned (fantasy) model's likelihood holds its own rows'
             too (:meth:`training_noise`: read on access, never copied on an update).
+            With batched training data, ``batch x n x 1``: ``likelihood.noise`` is
+            ``batch x n``, each member's absorbed rows showing that member's mean noise
+            (no raw data are kept, as with ``keep_data=False``).
         grid_size: Grid points per dimension (int or one per dimension), including
             the one-spacing padding beyond ``grid_bounds``. Default
             (:func:`default_grid_size`): about 1024 points in total on a CPU (32 per
@@ -458,12 +461,10 @@ class WiskiGP(
         )
         num_outputs = train_Y.shape[-1]
         # Batched training data (b x n x d): one model per batch member, as a batched
-        # SingleTaskGP (learned noise, one output, grid space: check_batched_options).
+        # SingleTaskGP (one output, grid space: check_batched_options).
         data_batch = train_X.shape[:-2]
         if data_batch:
-            check_batched_options(
-                train_Y, train_Yvar, input_transform, interpolation, data_space_limit
-            )
+            check_batched_options(train_Y, input_transform, interpolation, data_space_limit)
             data_space_limit, keep_data = 0, False
         if mean_module is None:  # SingleTaskGP's: a learned constant for each output
             mean_module = ConstantMean(

@@ -102,7 +102,8 @@ class BoTorchDataMixin:
         - otherwise (grid statistics only, ``keep_data=False``): the rows are folded
           into sums and their individual noise is gone; each absorbed row then shows
           their mean noise (so the mean, which BoTorch's ``fantasize`` uses for
-          fantasy rows, is exact).
+          fantasy rows, is exact). A model with batched training data keeps no raw
+          data: each member's rows show that member's mean.
 
         Example:
             >>> from streamgp.models import WiskiGP
@@ -120,6 +121,9 @@ class BoTorchDataMixin:
             noise = rows[2][..., 0]
         elif isinstance(statistics, DataStatistics):
             noise = statistics.noise
+        elif self._data_batch_shape:  # each member's mean, batch x n
+            level = self._noise_level()
+            noise = level.unsqueeze(-1).expand(*level.shape, statistics.count)
         else:
             noise = self._noise_level().expand(statistics.count)
         noise = concat_rows([noise, *self._log_parts(2)], self.batch_shape)

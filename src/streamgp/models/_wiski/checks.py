@@ -22,7 +22,6 @@ from streamgp.utils.validation import learns_input_coefficients
 
 def check_batched_options(
     train_Y: Tensor,
-    train_Yvar: Tensor | None,
     input_transform: Any,
     interpolation: Any,
     data_space_limit: int | None,
@@ -30,7 +29,6 @@ def check_batched_options(
     r"""Refuse what a batched ``WiskiGP`` (``train_X``: ``batch x n x d``) does not do yet,
     naming the argument."""
     refused = {
-        "train_Yvar": train_Yvar is not None and "fixed noise",
         "train_Y": train_Y.shape[-1] > 1 and f"{train_Y.shape[-1]} outputs",
         "input_transform": learns_input_coefficients(input_transform)
         and "an input transform that learns its coefficients (e.g. Normalize without bounds)",
@@ -41,8 +39,8 @@ def check_batched_options(
         if what:
             raise ValueError(
                 f"{name}: a WiskiGP with batched training data (train_X: batch x n x d) "
-                f"does not support {what} yet; it has learned noise, one output and grid "
-                "statistics (data_space_limit=0)."
+                f"does not support {what} yet; it has one output and grid statistics "
+                "(data_space_limit=0)."
             )
 
 
@@ -57,7 +55,9 @@ class ValueChecksMixin:
         r"""What ``posterior(X, observation_noise=True)`` adds: the homoskedastic noise
         variance, or with fixed noise the mean of every row's, as ``SingleTaskGP``'s
         ``likelihood.noise.mean(-1)``: a conditioned (fantasy) model's rows included, one
-        mean per batch (``batch x 1``, ``batch x 1 x 1`` for several outputs)."""
+        mean per batch (``batch x 1``, ``batch x 1 x 1`` for several outputs). With
+        batched training data one level per member (``... x batch``, learned or fixed),
+        which :meth:`_observation_noise_variance` turns into ``... x batch x 1``."""
         noise = self._noise_level()
         if not self._in_verified_call():  # a checked call read it already
             self._check_noise(noise)
@@ -78,8 +78,8 @@ class ValueChecksMixin:
         parts = self._log_parts(2)  # batch x q each
         total = statistics.sum_noise + sum(part.sum(-1) for part in parts)
         mean = (total / (statistics.n + sum(part.shape[-1] for part in parts))).detach()
-        if mean.dim() == 0:
-            return mean
+        if mean.dim() == 0 or self._data_batch_shape:  # batched data: ... x batch, as
+            return mean  # _noise_level's (the observation noise adds the x 1)
         mean = mean.unsqueeze(-1)
         return mean.unsqueeze(-1) if self._num_outputs > 1 else mean
 

@@ -69,7 +69,7 @@ class CheckpointStateMixin:
         if "y" in tensors:
             saved_fixed_noise = "noise" in tensors
         else:  # grid statistics carry noise sums only with fixed noise
-            saved_fixed_noise = bool(tensors["sum_noise"] != 0) or (
+            saved_fixed_noise = bool((tensors["sum_noise"] != 0).any()) or (
                 self.fixed_noise and not bool(tensors["n"] > 0)
             )
         if saved_fixed_noise != self.fixed_noise:
