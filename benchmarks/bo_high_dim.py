@@ -22,7 +22,9 @@ Every invocation rewrites, from the runs that exist:
 - ``<out>/bo_high_dim.json``: the settings and the machine.
 
 Usage: ``python benchmarks/bo_high_dim.py --resume [--functions hartmann6] [--models exact]``
-(several processes may share ``--out``; ``--summarize-only`` runs nothing).
+(several processes may share ``--out`` if their ``--functions`` differ; ``--processes N``
+runs N runs at a time, one torch thread each, e.g. on a many-core machine;
+``--summarize-only`` runs nothing).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +60,7 @@ def parse_function(spec: str) -> tuple[str, int]:
 
 def run_one(spec: str, model: str, trial: int, args: argparse.Namespace) -> None:
     function, dim = parse_function(spec)
+    torch.set_num_threads(args.threads)
     run_bo_experiment(
         function,
         models=[model],
@@ -167,7 +171,8 @@ def main() -> None:
     parser.add_argument("--first-trial", type=int, default=0)
     parser.add_argument("--fit-every", type=int, default=5)
     parser.add_argument("--report-steps", default="50,100,200")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    parser.add_argument("--processes", type=int, default=1, help="runs at a time")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--summarize-only", action="store_true")
     parser.add_argument(
@@ -181,12 +186,23 @@ def main() -> None:
         parse_function(spec)
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
-    if not args.summarize_only:
-        for trial in range(args.first_trial, args.first_trial + args.trials):
-            for spec in args.functions:
-                for model in args.models:
-                    run_one(spec, model, trial, args)
-                    write_summary(args)
+    runs = [
+        (spec, model, trial)
+        for trial in range(args.first_trial, args.first_trial + args.trials)
+        for spec in args.functions
+        for model in args.models
+    ]
+    if args.summarize_only:
+        runs = []
+    if args.processes > 1:
+        with ProcessPoolExecutor(max_workers=args.processes) as pool:
+            for done in as_completed([pool.submit(run_one, *run, args) for run in runs]):
+                done.result()
+                write_summary(args)
+    else:
+        for run in runs:
+            run_one(*run, args)
+            write_summary(args)
     write_summary(args)
 
 
