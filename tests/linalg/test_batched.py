@@ -195,12 +195,18 @@ def test_batched_posterior_and_streaming_update_are_each_members(kind, fixed_noi
         torch.testing.assert_close(updated.mean[i], expected.mean, **TOL)
 
 
-def test_batched_conditioning_and_prediction_are_each_members():
+def _conditioned(q: int):
+    """Batched and per-member posteriors, and the batched one conditioned on ``q`` rows."""
     interpolation, s2, batched, singles = _posteriors("rbf", 2, False)
-    X_q = torch.rand(BATCH, 3, 2, dtype=DTYPE)
-    y_q = torch.randn(BATCH, 3, dtype=DTYPE)
-    noise_q = s2.unsqueeze(-1).expand(BATCH, 3)
+    X_q = torch.rand(BATCH, q, 2, dtype=DTYPE)
+    y_q = torch.randn(BATCH, q, dtype=DTYPE)
+    noise_q = s2.unsqueeze(-1).expand(BATCH, q)
     correction = batched.no_correction.condition(batched, interpolation.weights(X_q), y_q, noise_q)
+    return interpolation, batched, singles, (X_q, y_q, noise_q), correction
+
+
+def test_batched_conditioning_and_prediction_are_each_members():
+    interpolation, batched, singles, (X_q, y_q, noise_q), correction = _conditioned(3)
     X_star = torch.rand(5, 2, dtype=DTYPE)  # shared test points broadcast over the members
     mean, covar = correction.predict(batched, interpolation.weights(X_star))
     assert mean.shape == (BATCH, 5) and covar.shape == (BATCH, 5, 5)
@@ -270,11 +276,7 @@ def test_batched_predictive_covariance_and_exact_prior_variance_are_each_members
 
 
 def test_batched_fold_of_a_correction_is_each_members():
-    interpolation, s2, batched, singles = _posteriors("rbf", 2, False)
-    X_q = torch.rand(BATCH, 4, 2, dtype=DTYPE)
-    y_q = torch.randn(BATCH, 4, dtype=DTYPE)
-    noise_q = s2.unsqueeze(-1).expand(BATCH, 4)
-    correction = batched.no_correction.condition(batched, interpolation.weights(X_q), y_q, noise_q)
+    interpolation, batched, singles, (X_q, y_q, noise_q), correction = _conditioned(4)
     folded = fold_low_rank(batched, correction.V, correction.gamma)
     # folding the held rows equals absorbing them by the streaming update
     streamed = update_root(batched, interpolation.weights(X_q), y_q, noise_q)

@@ -8,10 +8,23 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from botorch.models.transforms.input import Normalize
 
 DT = torch.float64
+
+
+def regrid_cases(test):
+    """The re-grid oracle cases: one or two outputs, learned or fixed noise, data or grid
+    space (every re-grid and refinement test runs on all of them)."""
+    for mark in (  # applied as stacked decorators are, bottom first
+        pytest.mark.parametrize("space", ["data", "grid"]),
+        pytest.mark.parametrize("fixed_noise", [False, True], ids=["learned-noise", "fixed-noise"]),
+        pytest.mark.parametrize("outputs", [1, 2], ids=["one-output", "two-outputs"]),
+    ):
+        test = mark(test)
+    return test
 
 
 def regrid_data(n: int, outputs: int = 1, seed: int = 0):

@@ -17,6 +17,7 @@ from regrid_helpers import (
     assert_equal_to_oracle_and_streams_on,
     normalized_model,
     oracle_on_the_grid,
+    regrid_cases,
     regrid_data,
 )
 
@@ -49,9 +50,7 @@ def _assert_unchanged(model: WiskiGP, before: dict) -> None:
     assert all(torch.equal(after["state"][k], v) for k, v in before["state"].items())
 
 
-@pytest.mark.parametrize("outputs", [1, 2], ids=["one-output", "two-outputs"])
-@pytest.mark.parametrize("fixed_noise", [False, True], ids=["learned-noise", "fixed-noise"])
-@pytest.mark.parametrize("space", ["data", "grid"])
+@regrid_cases
 def test_refine_grid_equals_a_model_built_on_the_finer_grid(space, fixed_noise, outputs):
     X, Y, Yvar = regrid_data(40, outputs)
     limit = 200 if space == "data" else 0

@@ -18,6 +18,7 @@ from regrid_helpers import (
     assert_same_posterior,
     normalized_model,
     oracle_on_the_grid,
+    regrid_cases,
     regrid_data,
 )
 
@@ -61,9 +62,7 @@ def test_normalize_without_bounds_learns_them_and_the_grid_covers_a_margin():
     assert torch.allclose(rebuilt.input_transform(2 * X2).max(0).values, torch.ones(2, dtype=DT))
 
 
-@pytest.mark.parametrize("outputs", [1, 2], ids=["one-output", "two-outputs"])
-@pytest.mark.parametrize("fixed_noise", [False, True], ids=["learned-noise", "fixed-noise"])
-@pytest.mark.parametrize("space", ["data", "grid"])
+@regrid_cases
 def test_regrid_equals_a_model_built_on_all_data(space, fixed_noise, outputs):
     X, Y, Yvar = _data(40, outputs)
     limit = 200 if space == "data" else 0
