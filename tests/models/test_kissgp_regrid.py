@@ -247,3 +247,26 @@ def test_a_failed_regrid_leaves_the_model_unchanged():
     assert torch.equal(model.interpolation.bounds, bounds)
     assert model.covar_module is kernel and model.num_train == n
     model.posterior(X[:2])
+
+
+@pytest.mark.parametrize("fixed_noise", [False, True], ids=["learned-noise", "fixed-noise"])
+def test_conditioning_beyond_the_grid_equals_the_data_on_a_grown_grid(fixed_noise):
+    X, Y, Yvar = _data(30)
+    model = _model(X, Y, Yvar, fixed_noise, grid_size=12)
+    bounds_before = model.interpolation.bounds.clone()
+    X_test = torch.tensor([[1.5, 3.0], [3.0, 4.0], [6.0, 6.5]], dtype=DT)
+    with torch.no_grad():
+        before = model.posterior(X_test).mean
+    X_f = torch.tensor([[1.0, 3.0], [6.5, 7.0]], dtype=DT)  # beyond the data's box
+    Y_f = torch.cos(X_f).sum(-1, keepdim=True)
+    noise = torch.full((2, 1), 0.05, dtype=DT) if fixed_noise else None
+    conditioned = model.condition_on_observations(X_f, Y_f, noise=noise)
+    assert torch.equal(model.interpolation.bounds, bounds_before)  # the model keeps its grid
+    with torch.no_grad():
+        assert torch.equal(model.posterior(X_test).mean, before)
+    assert not torch.equal(conditioned.interpolation.bounds, bounds_before)
+    oracle = _oracle(conditioned, X, Y, Yvar).condition_on_observations(X_f, Y_f, noise=noise)
+    _assert_same_posterior(conditioned, oracle, X_test)
+    # Inside the grown grid the next conditioning reuses it.
+    again = model.condition_on_observations(X_f + 0.05, Y_f, noise=noise)
+    assert again.interpolation is conditioned.interpolation

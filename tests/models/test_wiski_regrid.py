@@ -183,3 +183,91 @@ def test_views_keep_no_data_and_the_parent_stream_is_unaffected():
     assert len(model.observations) == 31
     with pytest.raises(ValueError, match="outside grid_bounds"):
         view.observe(torch.tensor([[-9.0, 3.0]], dtype=DT), torch.ones(1, 1, dtype=DT))
+
+
+def _fantasy_data(outputs: int):
+    # Beyond the data's box [2, 5]^2 on both sides (qKG / qNIPV candidates in a search
+    # space wider than the data so far).
+    X_f = torch.tensor([[1.0, 3.0], [6.5, 7.0]], dtype=DT)
+    Y_f = torch.cos(X_f).sum(-1, keepdim=True) + torch.arange(outputs, dtype=DT)
+    return X_f, Y_f
+
+
+@regrid_cases
+def test_conditioning_beyond_the_grid_equals_the_data_on_a_grown_grid(space, fixed_noise, outputs):
+    X, Y, Yvar = _data(40, outputs)
+    limit = 200 if space == "data" else 0
+    model = _model(X, Y, Yvar, fixed_noise, data_space_limit=limit, grid_size=12)
+    X_in, Y_in, Yvar_in = _data(2, outputs, seed=1)
+    model.observe(X_in, Y_in, Yvar_in if fixed_noise else None)  # held back (FOLD_RANK)
+    bounds_before = model.interpolation.bounds.clone()
+    X_test = torch.tensor([[1.5, 3.0], [3.0, 4.0], [6.0, 6.5]], dtype=DT)
+    with torch.no_grad():
+        before = model.posterior(X_test)
+    X_f, Y_f = _fantasy_data(outputs)
+    noise = torch.full((2, outputs), 0.05, dtype=DT) if fixed_noise else None
+    conditioned = model.condition_on_observations(X_f, Y_f, noise=noise)
+    # BoTorch's view of its rows: every observation, then the fantasy rows.
+    assert conditioned.train_inputs[0].shape[-2] == 44
+    # The model itself is unchanged: the same grid, the same predictions bit for bit.
+    assert torch.equal(model.interpolation.bounds, bounds_before)
+    with torch.no_grad():
+        after = model.posterior(X_test)
+    assert torch.equal(after.mean, before.mean) and torch.equal(after.variance, before.variance)
+    # The conditioned model equals all data on its (grown) grid, then conditioned.
+    grid = conditioned.interpolation
+    assert not torch.equal(grid.bounds, bounds_before)
+    assert bool((grid.bounds[0] <= model.input_transform(X_f).min(0).values).all())
+    assert bool((grid.bounds[1] >= model.input_transform(X_f).max(0).values).all())
+    X_all, Y_all = torch.cat([X, X_in]), torch.cat([Y, Y_in])
+    oracle = _oracle(conditioned, X_all, Y_all, torch.cat([Yvar, Yvar_in]))
+    oracle = oracle.condition_on_observations(X_f, Y_f, noise=noise)
+    with torch.no_grad():
+        a, b = conditioned.posterior(X_test), oracle.posterior(X_test)
+    assert torch.allclose(a.mean, b.mean, atol=TOL, rtol=0)
+    assert torch.allclose(a.variance, b.variance, atol=TOL, rtol=0)
+
+
+def test_conditioning_beyond_the_grid_regrids_once_per_growth_and_follows_the_stream():
+    X, Y, _ = _data(30)
+    model = _model(X, Y, None, fixed_noise=False, grid_size=10)
+    X_f, Y_f = _fantasy_data(1)
+    model.condition_on_observations(X_f, Y_f)
+    sibling = model._regrid_sibling[1]
+    # Inside the grown grid: the same re-gridded data serve the next conditioning.
+    inside = model.condition_on_observations(X_f[:1] + 0.1, Y_f[:1])
+    assert model._regrid_sibling[1] is sibling
+    assert torch.equal(inside.interpolation.bounds, sibling.interpolation.bounds)
+    # Beyond it: grown again, from the grown grid.
+    far = torch.tensor([[12.0, 3.0]], dtype=DT)
+    model.condition_on_observations(far, Y_f[:1])
+    grown = model._regrid_sibling[1].interpolation.bounds
+    assert bool((grown[1] >= sibling.interpolation.bounds[1]).all()) and grown[1, 0] > 2.0
+    # An observation makes it stale: the next conditioning sees the new row.
+    model.observe(X[:1] + 0.01, Y[:1])
+    conditioned = model.condition_on_observations(X_f, Y_f)
+    assert model._regrid_sibling[1] is not sibling
+    assert conditioned.train_inputs[0].shape[-2] == 31 + 2
+
+
+def test_conditioning_refuses_nan_inputs_by_name_and_leaves_the_model_unchanged():
+    X, Y, _ = _data(20)
+    model = _model(X, Y, None, fixed_noise=False, grid_size=10)
+    X_bad = torch.tensor([[float("nan"), 3.0]], dtype=DT)
+    with pytest.raises(ValueError, match="X"):
+        model.condition_on_observations(X_bad, torch.zeros(1, 1, dtype=DT))
+    assert model._regrid_sibling is None
+
+
+def test_knowledge_gradient_with_normalize_without_bounds():
+    # qKG fantasizes at candidates anywhere in the search space; with Normalize(d)
+    # learned from data in [2, 5]^2 many of them lie beyond the grid. It was refused.
+    from botorch.acquisition import qKnowledgeGradient
+    from botorch.optim import optimize_acqf
+
+    X, Y, _ = _data(20)
+    model = WiskiGP(X, Y, input_transform=Normalize(2), grid_size=12)
+    bounds = torch.tensor([[0.0, 0.0], [7.0, 7.0]], dtype=DT)
+    acquisition = qKnowledgeGradient(model, num_fantasies=4)
+    candidate, value = optimize_acqf(acquisition, bounds, q=1, num_restarts=2, raw_samples=16)
+    assert candidate.shape == (1, 2) and torch.isfinite(value)

@@ -134,8 +134,15 @@ def test_observe_outside_the_grid_is_refused_without_kept_data():
 
 def test_condition_and_posterior_reject_bad_input(model):
     snap = _snapshot(model)
+    # Beyond the grid: its data on a grid grown over X are conditioned (the model keeps
+    # its grid); without kept data it is refused.
+    assert model.condition_on_observations(OUTSIDE_X, GOOD_Y).interpolation.bounds[1, 1] >= 1.5
+    X = model.observations.X
+    frozen = WiskiGP(X, X.sum(-1, keepdim=True), grid_size=10, keep_data=False)
     with pytest.raises(ValueError, match="X has points outside grid_bounds"):
-        model.condition_on_observations(OUTSIDE_X, GOOD_Y)
+        frozen.condition_on_observations(OUTSIDE_X, GOOD_Y)
+    with pytest.raises(ValueError, match="X contains NaN"):
+        model.condition_on_observations(NAN_X, GOOD_Y)
     with pytest.raises(ValueError, match="noise must be strictly positive"):
         model.condition_on_observations(GOOD_X, GOOD_Y, noise=torch.zeros(2, 1, dtype=DTYPE))
     with pytest.raises(ValueError, match="Y has 3 points per batch"):

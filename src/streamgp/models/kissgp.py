@@ -244,7 +244,8 @@ class KissGP(
             (``GridExtrapolationWarning``), so BoTorch code that probes beyond the
             search box (qLogNEI's infeasible-cost estimate) never fails mid-loop;
             ``"error"`` raises ``ValueError``. Observations outside re-grid;
-            conditioning (``condition_on_observations``) outside raises.
+            conditioning (``condition_on_observations``) outside conditions the same
+            data on a grid grown over them (the model keeps its own grid).
         covar_module: Base kernel (not a ``GridInterpolationKernel``; it is wrapped in
             :class:`SKIKernel`). Default: BoTorch's ``SingleTaskGP`` kernel.
         likelihood: Gaussian likelihood for the learned-noise variant; must be omitted
@@ -837,6 +838,24 @@ class KissGP(
         self._set_data(X_all, y_all, noise_all)
         return self
 
+    def _regridded_sibling(self, X_t: Tensor) -> KissGP | None:
+        r"""This model on a grid grown over the transformed inputs ``X_t``, or None if
+        its grid covers them: a view with the same data (exact, as a re-grid), kept with
+        the caches (dropped when the data or hyperparameters change) and grown
+        geometrically, so an acquisition's search re-grids ``O(log)`` times."""
+        cached = self._posterior_cache.get("regrid_sibling")
+        if grown_grid_bounds(self.interpolation.bounds, X_t) is None:
+            return None
+        base = self if cached is None else cached
+        bounds = grown_grid_bounds(base.interpolation.bounds, X_t)
+        if bounds is None:
+            return cached
+        sibling = shallow_view(self)
+        sibling._set_grid(*self._grid_over(bounds, self._grid_size_option))
+        sibling._invalidate()
+        self._posterior_cache["regrid_sibling"] = sibling
+        return sibling
+
     def condition_on_observations(
         self, X: Tensor, Y: Tensor, noise: Tensor | None = None, **kwargs: Any
     ) -> KissGP:
@@ -858,6 +877,12 @@ class KissGP(
         """
         check_conditioning_data(X, Y, noise, like=self.train_targets, dim=self.interpolation.dim)
         X_t, Y_t, _ = transform_new_data(self, X, Y)
+        if not self._conditioning_log and not skip_value_checks.on():
+            # Beyond the grid: the same data on a grid grown over X (this model keeps
+            # its grid, so its predictions do not move under an acquisition's search).
+            sibling = self._regridded_sibling(X_t.detach())
+            if sibling is not None:
+                return sibling.condition_on_observations(X, Y, noise, **kwargs)
         self.interpolation.check_inside(X_t, "X")
         posterior = self.grid_posterior()
         y = Y_t.squeeze(-1)

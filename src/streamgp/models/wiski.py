@@ -400,12 +400,15 @@ class WiskiGP(
     #: ``_prior_variance``: the exact prior variance correction at the current
     #: hyperparameters (:mod:`streamgp.linalg.prior_variance`), built with the posterior.
     #: ``_graphs``: captured CUDA graphs of the posterior (:class:`streamgp.settings.cuda_graphs`).
+    #: ``_regrid_sibling``: (key, model) this model's data on a grid grown over inputs that
+    #: ``condition_on_observations`` received beyond its grid (see ``_regridded_sibling``).
     cached_attributes = (
         "_posterior",
         "_love_cache",
         "_pending_failure",
         "_prior_variance",
         "_graphs",
+        "_regrid_sibling",
     )
     _posterior: GridPosterior | DataPosterior | None
     _prior_variance: PriorVarianceCorrection | None
@@ -427,6 +430,7 @@ class WiskiGP(
             "_pending_failure",
             "_prior_variance",
             "_graphs",
+            "_regrid_sibling",
             "_hyper_snapshot",
             "_correction",
             "_conditioning_log",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from botorch.exceptions.errors import UnsupportedError
@@ -62,20 +62,35 @@ class RebuildMixin:
         factorisation at the next prediction. Nothing changes if it fails.
         """
         store = self.observations
-        X_all, Y_all = torch.cat([store.X, X]), torch.cat([store.Y, Y])
-        Yvar_all = None if Yvar is None else torch.cat([store.Yvar, Yvar])
-        X_t, Y_t, Yvar_t = self._transform_new_data(X_all, Y_all, Yvar_all)
-        interpolation, structured = self._regridded_interpolation(bounds, X_all, X_t, grid_size)
+        X_all, Y_all = torch.cat([store.X, X], -2), torch.cat([store.Y, Y], -2)
+        Yvar_all = None if Yvar is None else torch.cat([store.Yvar, Yvar], -2)
+        interpolation, structured, statistics = self._statistics_on_new_grid(
+            bounds, X_all, Y_all, Yvar_all, grid_size
+        )
+        store.append(X, Y, Yvar)
+        self.interpolation, self.structured = interpolation, structured
+        self._clear_caches()
+        self._set_statistics(statistics)
+
+    def _statistics_on_new_grid(
+        self,
+        bounds: Tensor,
+        X: Tensor,
+        Y: Tensor,
+        Yvar: Tensor | None,
+        grid_size: list[int] | None = None,
+    ) -> tuple[CubicGridInterpolation, bool, Any]:
+        r"""The interpolation over ``bounds`` (and ``structured``) and the statistics of
+        the raw rows ``(X, Y, Yvar)`` on it, through the frozen transforms (no gradient)."""
+        X_t, Y_t, Yvar_t = self._transform_new_data(X, Y, Yvar)
+        interpolation, structured = self._regridded_interpolation(bounds, X, X_t, grid_size)
         self._check_dense_for_outputs(interpolation, structured)
         noise = None if Yvar_t is None else self._shared_noise(Yvar_t, "Yvar")
         with torch.no_grad():
             statistics = self._statistics_of(
                 interpolation, structured, X_t, self._targets(Y_t), noise
             )
-        store.append(X, Y, Yvar)
-        self.interpolation, self.structured = interpolation, structured
-        self._clear_caches()
-        self._set_statistics(statistics)
+        return interpolation, structured, statistics
 
     def refine_grid(
         self,

@@ -22,7 +22,11 @@ from streamgp.linalg.woodbury import GridPosterior
 from streamgp.models.utils import conditioning_noise, shallow_view, transaction
 from streamgp.models.utils.fixed_noise import bind_row_noise
 from streamgp.settings import immediate_value_checks, skip_value_checks
-from streamgp.utils.validation import check_conditioning_data, check_new_observations
+from streamgp.utils.validation import (
+    check_conditioning_data,
+    check_new_observations,
+    check_tensor,
+)
 
 if TYPE_CHECKING:
     from streamgp.models.wiski import WiskiGP
@@ -152,6 +156,8 @@ class UpdatesMixin:
         Returns:
             A ``WiskiGP`` with batch shape ``sample_shape + broadcast(batch, model.batch)``.
         """
+        regrids = self.observations is not None  # it keeps its data: never a refusal
+        given_noise = noise
         with self._checked_call() as checks:  # one host read of the value checks
             check_conditioning_data(
                 X,
@@ -160,14 +166,26 @@ class UpdatesMixin:
                 like=self.interpolation.bounds,
                 dim=self.interpolation.dim,
                 num_outputs=self._num_outputs,
-                # A grid box's check_inside refuses NaN and Inf too (they leave the box).
+                # A grid box's check_inside refuses NaN and Inf too (they leave the box);
+                # with kept data they are refused below, before a re-grid.
                 finite_X=not isinstance(self.interpolation, GridBox),
             )
             X_t, Y_t, _ = self._transform_new_data(X, Y)
-            self.interpolation.check_inside(X_t, "X")
+            outside = []  # set at the read: whether X leaves the grid of a kept-data model
+            if not regrids:
+                self.interpolation.check_inside(X_t, "X")
+            elif not skip_value_checks.on():
+                checks.decide(self.interpolation.any_outside(X_t), outside.append)
             if noise is not None and self._num_outputs > 1:
                 noise = self._shared_noise(noise, "noise").unsqueeze(-1)
             self._read_checks(checks)
+            if outside and outside[0]:
+                with immediate_value_checks():
+                    check_tensor(X, "X", finite=True)  # (NaN and Inf "leave" the box too)
+                # Conditioned on the same data on a grid that covers X (this model is
+                # unchanged: its predictions do not move under an acquisition's search).
+                sibling = self._regridded_sibling(X_t.detach())
+                return sibling.condition_on_observations(X, Y, given_noise, **kwargs)
             posterior = self.exact_posterior()
             y = self._targets(Y_t)
             if noise is None and self._data_batch_shape:  # each member's own level
@@ -184,6 +202,41 @@ class UpdatesMixin:
             new._log_from_observe = False
             new._pending_failure = self._take_failures(checks)  # read with its first call
         return new
+
+    def _regridded_sibling(self, X_t: Tensor) -> WiskiGP:
+        r"""This model on a grid that also covers the transformed inputs ``X_t``: a view
+        whose statistics are rebuilt from every kept observation (exact, as a re-grid).
+
+        What ``condition_on_observations`` conditions when its inputs leave the grid
+        (qKG or qNIPV candidates beyond the data's box under ``Normalize(d)`` without
+        bounds). It is kept until this model's data, grid or hyperparameters change and
+        grown geometrically, so an acquisition's search re-grids ``O(log)`` times, not at
+        every call: ``O(n 4^d)`` for the rows plus a factorisation at its first use.
+        """
+        store = self.observations
+        key = (self._statistics, self.interpolation, len(store))
+        cached = self._regrid_sibling
+        if cached is not None and all(a is b for a, b in zip(cached[0], key[:2])):
+            if cached[0][2] == key[2]:
+                sibling = cached[1]
+                if not bool(sibling.interpolation.any_outside(X_t)):
+                    return sibling
+                bounds = grown_grid_bounds(sibling.interpolation.bounds, X_t)
+            else:
+                bounds = grown_grid_bounds(self.interpolation.bounds, X_t)
+        else:
+            bounds = grown_grid_bounds(self.interpolation.bounds, X_t)
+        with immediate_value_checks():
+            interpolation, structured, statistics = self._statistics_on_new_grid(
+                bounds, store.X, store.Y, store.Yvar
+            )
+        sibling = self._view()
+        sibling.interpolation, sibling.structured = interpolation, structured
+        sibling._clear_caches()
+        sibling._set_statistics(statistics)
+        sibling._row_source = (store, sibling._statistics, None, len(store))
+        self._regrid_sibling = (key, sibling)
+        return sibling
 
     def subset_output(self, idcs: list[int]) -> WiskiGP:
         r"""A model of the outputs ``idcs`` only, as BoTorch's ``subset_output``.
@@ -258,6 +311,7 @@ class UpdatesMixin:
         re-grid, and refuses observations outside its grid.
         """
         new = shallow_view(self)
+        new._regrid_sibling = None
         if self.observations is not None:
             new._row_source = (self.observations, self._statistics, None, self._stored_count())
         new.observations = None
