@@ -216,16 +216,13 @@ class UpdatesMixin:
         store = self.observations
         key = (self._statistics, self.interpolation, len(store))
         cached = self._regrid_sibling
-        if cached is not None and all(a is b for a, b in zip(cached[0], key[:2])):
-            if cached[0][2] == key[2]:
-                sibling = cached[1]
-                if not bool(sibling.interpolation.any_outside(X_t)):
-                    return sibling
-                bounds = grown_grid_bounds(sibling.interpolation.bounds, X_t)
-            else:
-                bounds = grown_grid_bounds(self.interpolation.bounds, X_t)
-        else:
-            bounds = grown_grid_bounds(self.interpolation.bounds, X_t)
+        valid = cached is not None and (
+            cached[0][0] is key[0] and cached[0][1] is key[1] and cached[0][2] == key[2]
+        )
+        if valid and not bool(cached[1].interpolation.any_outside(X_t)):
+            return cached[1]
+        base = cached[1] if valid else self  # grown from the grown grid, if still valid
+        bounds = grown_grid_bounds(base.interpolation.bounds, X_t)
         with immediate_value_checks():
             interpolation, structured, statistics = self._statistics_on_new_grid(
                 bounds, store.X, store.Y, store.Yvar
