@@ -242,9 +242,9 @@ class WiskiGP(
             and ``observe`` takes ``batch x q x d``. Each member costs what one model does
             (``O(m^2 q)`` per update). So far for one output (learned noise, or fixed
             noise with ``batch x n x 1`` ``train_Yvar``), in grid space
-            (``data_space_limit`` 0), without raw data kept (``keep_data`` is ignored:
-            observations outside the grid's box are refused), an input transform that
-            learns its coefficients or LOVE; the rest raises a ``ValueError``.
+            (``data_space_limit`` 0; the members share one grid over all their data),
+            without an input transform that learns its coefficients or LOVE; the rest
+            raises a ``ValueError``.
         train_Y: ``n x k`` training targets. ``k > 1`` gives one model of ``k`` outputs
             observed at the same inputs (as ``SingleTaskGP``'s ``num_outputs``): they share
             the kernel hyperparameters and the noise, hence the interpolation rows, the
@@ -259,8 +259,7 @@ class WiskiGP(
             variance, and a conditioned (fantasy) model's likelihood holds its own rows'
             too (:meth:`training_noise`: read on access, never copied on an update).
             With batched training data, ``batch x n x 1``: ``likelihood.noise`` is
-            ``batch x n``, each member's absorbed rows showing that member's mean noise
-            (no raw data are kept, as with ``keep_data=False``).
+            ``batch x n``.
         grid_size: Grid points per dimension (int or one per dimension), including
             the one-spacing padding beyond ``grid_bounds``. Default
             (:func:`default_grid_size`): about 1024 points in total on a CPU (32 per
@@ -317,8 +316,10 @@ class WiskiGP(
             extent, so ``O(log)`` re-grids in the distance), the grid keeps its
             ``grid_size`` (or its default for the new box), and the statistics are rebuilt
             from all kept data (``O(n 4^d + m^3)``, after which the model equals one built
-            on the new grid). Hyperparameters are kept. The kept data are also BoTorch's
-            :attr:`train_inputs` / :attr:`train_targets`. False: constant memory; an
+            on the new grid). Hyperparameters are kept. A fantasy beyond the box
+            (``condition_on_observations``) is conditioned on the same data on a grid
+            grown over it, this model keeping its own grid. The kept data are also
+            BoTorch's :attr:`train_inputs` / :attr:`train_targets`. False: constant memory; an
             observation outside the box is then refused with a ``ValueError``, the model
             has no ``train_inputs``, and a fixed-noise ``likelihood.noise`` shows each
             absorbed row's mean noise once the rows are folded into grid statistics
@@ -469,7 +470,7 @@ class WiskiGP(
         data_batch = train_X.shape[:-2]
         if data_batch:
             check_batched_options(train_Y, input_transform, interpolation, data_space_limit)
-            data_space_limit, keep_data = 0, False
+            data_space_limit = 0
         if mean_module is None:  # SingleTaskGP's: a learned constant for each output
             mean_module = ConstantMean(
                 batch_shape=torch.Size([num_outputs] if num_outputs > 1 else data_batch)

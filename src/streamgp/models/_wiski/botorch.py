@@ -60,10 +60,10 @@ class BoTorchDataMixin:
             store, _, outputs, n = self._row_source
         else:
             return None
-        X, Y, Yvar = store.X[:n], store.Y[:n], store.Yvar
-        Yvar = None if Yvar is None else Yvar[:n]
+        X, Y, Yvar = store.X[..., :n, :], store.Y[..., :n, :], store.Yvar
+        Yvar = None if Yvar is None else Yvar[..., :n, :]
         if outputs is not None:
-            Y, Yvar = Y[:, outputs], None if Yvar is None else Yvar[:, outputs]
+            Y, Yvar = Y[..., outputs], None if Yvar is None else Yvar[..., outputs]
         return X, Y, Yvar
 
     def _stored_count(self) -> int:
@@ -74,7 +74,7 @@ class BoTorchDataMixin:
     def _transformed_rows(self) -> tuple[Tensor, Tensor, Tensor | None] | None:
         r""":meth:`_kept_rows` through the frozen transforms (``O(n)``, no gradient)."""
         rows = self._kept_rows()
-        if rows is None or len(rows[0]) == 0:
+        if rows is None or rows[0].shape[-2] == 0:
             return rows
         with torch.no_grad():
             return self._transform_new_data(*rows)
@@ -102,8 +102,8 @@ class BoTorchDataMixin:
         - otherwise (grid statistics only, ``keep_data=False``): the rows are folded
           into sums and their individual noise is gone; each absorbed row then shows
           their mean noise (so the mean, which BoTorch's ``fantasize`` uses for
-          fantasy rows, is exact). A model with batched training data keeps no raw
-          data: each member's rows show that member's mean.
+          fantasy rows, is exact); with batched training data each member's rows show
+          that member's mean.
 
         Example:
             >>> from streamgp.models import WiskiGP

@@ -135,10 +135,12 @@ class RebuildMixin:
                     "refine_grid rebuilds the statistics from the kept observations, and "
                     "this model keeps none (keep_data=False, or a conditioned view)."
                 )
-            X, Y = self.observations.X, self.observations.Y
-            Yvar = None if self.observations.Yvar is None else self.observations.Yvar[:0]
+            X, Y, Yvar = (
+                None if rows is None else rows[..., :0, :]
+                for rows in (self.observations.X, self.observations.Y, self.observations.Yvar)
+            )
             with immediate_value_checks():
-                self._regrid(self.interpolation.bounds, X[:0], Y[:0], Yvar, size)
+                self._regrid(self.interpolation.bounds, X, Y, Yvar, size)
             self._grid_size_option = size
         return self
 

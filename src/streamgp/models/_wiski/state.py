@@ -138,6 +138,8 @@ class CheckpointStateMixin:
             "fixed_noise": bool(self.fixed_noise),
             "keep_data": self.observations is not None,
             "grid_size": [int(g) for g in self.interpolation.grid_size],
+            # train_X's batch dimensions: one model per member (every tensor has them).
+            "batch_shape": [int(b) for b in self._data_batch_shape],
         }
 
     def _stream_state(self) -> dict[str, Any]:

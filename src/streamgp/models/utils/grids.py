@@ -112,8 +112,9 @@ def build_grid(
     dim = train_X.shape[-1]
     tkwargs = {"dtype": train_X.dtype, "device": train_X.device}
     if grid_bounds is None:
-        if follow_data:
-            grid_bounds = data_grid_bounds(transformed_X.detach(), around_data)
+        if follow_data:  # (over every batch member's rows)
+            flat_X = transformed_X.detach().reshape(-1, dim)
+            grid_bounds = data_grid_bounds(flat_X, around_data)
         else:
             grid_bounds = torch.stack([torch.zeros(dim), torch.ones(dim)]).to(**tkwargs)
     else:
