@@ -133,9 +133,7 @@ class ObservationStore(torch.nn.Module):
         n = values["X"].shape[-2] if values["X"].dim() >= 2 else -1
         batch = self.batch_shape
         expected = {"X": self._X, "Y": self._Y, "Yvar": getattr(self, "_Yvar", None)}
-        if any(
-            v.shape != (*batch, n, expected[name].shape[-1]) for name, v in values.items()
-        ):
+        if any(v.shape != (*batch, n, expected[name].shape[-1]) for name, v in values.items()):
             lead = "".join(f"{b} x " for b in batch)
             error_msgs.append(
                 f"{prefix}: kept observations of shapes "
