@@ -1,7 +1,7 @@
 r"""One k-output ``WiskiGP`` against k single-output ``WiskiGP``s on the same inputs.
 
-The outputs of a multi-output WISKI share the interpolation rows, the Gram statistics
-``W^T W``, the kernel and the noise, so the factorisation (``n x n`` in data space,
+With ``shared_hyperparameters=True`` the outputs of a multi-output WISKI share the
+interpolation rows, the Gram statistics ``W^T W``, the kernel and the noise, so the factorisation (``n x n`` in data space,
 ``m x m`` on the grid) and every update of it are done once for all outputs; only
 ``W^T y``, ``y^T y`` and the means are per output. k single-output models (what a
 ``ModelListGP`` holds) do all of it k times.
@@ -55,6 +55,7 @@ def build(X: torch.Tensor, Y: torch.Tensor) -> WiskiGP:
         covar_module=RBFKernel(ard_num_dims=D),
         outcome_transform=None,
         mean_module=ZeroMean(),
+        shared_hyperparameters=True,  # the mode measured here (k = 1 ignores it)
     )
     model.covar_module.lengthscale = 0.3
     model.likelihood.noise = 0.01

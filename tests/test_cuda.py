@@ -140,6 +140,9 @@ CASES = {
     "WiskiGP data space": Case(lambda **tkwargs: build_wiski(30, None, 1, **tkwargs)),
     "WiskiGP grid space": Case(lambda **tkwargs: build_wiski(200, 0, 1, **tkwargs)),
     "WiskiGP two outputs": Case(lambda **tkwargs: build_wiski(60, None, 2, **tkwargs)),
+    "WiskiGP two outputs, own hyperparameters": Case(
+        lambda **tkwargs: build_wiski(60, None, 2, shared=False, **tkwargs)
+    ),
     "WiskiGP structured grid": Case(_structured_wiski, mll=False, float32_tolerance=5e-3),
     "KissGP": Case(_from_data(60, lambda X, Y, **kw: KissGP(X, Y, grid_size=10, **kw))),
     "SoftKIGP": Case(
@@ -213,7 +216,7 @@ def public_paths(model: torch.nn.Module, case: Case) -> dict[str, torch.Tensor]:
         mll = ExactMarginalLogLikelihood(model.likelihood, model)
         mll.train()
         trainable = [p for p in model.parameters() if p.requires_grad]
-        loss = get_loss_closure(mll)()
+        loss = get_loss_closure(mll)().sum()  # (batched models: one value per member)
         grads = torch.autograd.grad(loss, trainable, allow_unused=True)
         out["loss"] = loss.detach()
         out["loss gradient"] = torch.cat(

@@ -68,7 +68,7 @@ def no_host_reads() -> Iterator[None]:
         torch.equal = saved_equal
 
 
-def build(n: int, limit: int | None, num_outputs: int, **tkwargs) -> WiskiGP:
+def build(n: int, limit: int | None, num_outputs: int, shared: bool = True, **tkwargs) -> WiskiGP:
     generator = torch.Generator().manual_seed(n)
     U = torch.rand(n, 2, generator=generator, dtype=torch.float64)
     bounds = BOUNDS.to(torch.float64)
@@ -81,10 +81,20 @@ def build(n: int, limit: int | None, num_outputs: int, **tkwargs) -> WiskiGP:
         data_space_limit=limit,
         input_transform=Normalize(2, bounds=bounds.to(**tkwargs)),
         outcome_transform=Standardize(num_outputs),
+        shared_hyperparameters=shared,
     )
     model.covar_module.lengthscale = 0.3
     model.likelihood.noise = 0.01
     return model
+
+
+#: One output; two sharing their hyperparameters (data or grid space); two with their own
+#: (batch members: grid space whatever the limit).
+OUTPUT_CASES = pytest.mark.parametrize(
+    ("num_outputs", "shared"),
+    [(1, True), (2, True), (2, False)],
+    ids=["one output", "two outputs", "two outputs, own hyperparameters"],
+)
 
 
 def stream_inputs(model: WiskiGP, steps: int = 4) -> dict:
@@ -122,8 +132,8 @@ def stream_steps(model: WiskiGP, inputs: dict) -> list[torch.Tensor]:
         out += [posterior.mean, posterior.distribution.lazy_covariance_matrix.diagonal()]
         fantasy = model.condition_on_observations(fantasy_X, fantasy_Y)
         out.append(fantasy.posterior(fantasy_test_X).mean)
-    value, _ = model.fit_objective()
-    (grad,) = torch.autograd.grad(value, model.covar_module.raw_lengthscale)
+    value, _ = model.fit_objective()  # (one value per output with their own hyperparameters)
+    (grad,) = torch.autograd.grad(value.sum(), model.covar_module.raw_lengthscale)
     return [*out, value.detach(), grad]
 
 
@@ -131,11 +141,13 @@ def run_stream_steps(model: WiskiGP, steps: int = 4) -> list[torch.Tensor]:
     return stream_steps(model, stream_inputs(model, steps))
 
 
-@pytest.mark.parametrize("num_outputs", [1, 2], ids=["one output", "two outputs"])
+@OUTPUT_CASES
 @pytest.mark.parametrize("n, limit", [(30, None), (200, 0)], ids=["data space", "grid space"])
-def test_hot_paths_read_nothing_on_the_host_and_give_the_checked_results(n, limit, num_outputs):
-    checked = run_stream_steps(build(n, limit, num_outputs, dtype=torch.float64))
-    model = build(n, limit, num_outputs, dtype=torch.float64)
+def test_hot_paths_read_nothing_on_the_host_and_give_the_checked_results(
+    n, limit, num_outputs, shared
+):
+    checked = run_stream_steps(build(n, limit, num_outputs, shared, dtype=torch.float64))
+    model = build(n, limit, num_outputs, shared, dtype=torch.float64)
     model.posterior(BOUNDS.to(torch.float64))  # the first factorisation, outside the check
     inputs = stream_inputs(model)
     with skip_value_checks(), no_host_reads():
@@ -251,11 +263,11 @@ def reads_per_call(model: WiskiGP, inputs: dict, counter=counted_host_reads) -> 
     return most
 
 
-@pytest.mark.parametrize("num_outputs", [1, 2], ids=["one output", "two outputs"])
+@OUTPUT_CASES
 @pytest.mark.parametrize("n, limit", [(30, None), (200, 0)], ids=["data space", "grid space"])
-def test_checked_hot_paths_read_the_host_at_most_once_per_call(n, limit, num_outputs):
+def test_checked_hot_paths_read_the_host_at_most_once_per_call(n, limit, num_outputs, shared):
     # Default mode (value checks on): each call's checks are read together, once.
-    model = build(n, limit, num_outputs, dtype=torch.float64)
+    model = build(n, limit, num_outputs, shared, dtype=torch.float64)
     model.posterior(BOUNDS.to(torch.float64))  # the first factorisation, outside the count
     most = reads_per_call(model, stream_inputs(model))
     assert most == ONE_READ_PER_CALL

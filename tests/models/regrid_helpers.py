@@ -38,7 +38,10 @@ def regrid_data(n: int, outputs: int = 1, seed: int = 0):
 
 def normalized_model(cls, X, Y, Yvar, fixed_noise: bool, **options):
     """``cls`` on ``Normalize(2)`` without bounds, no outcome transform, and hyperparameters
-    away from their initial values (so that a comparison means something)."""
+    away from their initial values (so that a comparison means something). Several
+    outputs share their hyperparameters (the mode with a data space)."""
+    if Y.shape[-1] > 1:
+        options = {"shared_hyperparameters": True, **options}
     model = cls(
         X,
         Y,
@@ -57,6 +60,8 @@ def normalized_model(cls, X, Y, Yvar, fixed_noise: bool, **options):
 
 def oracle_on_the_grid(model, X, Y, Yvar, **options):
     """All data at once on ``model``'s grid, with its frozen transforms and hyperparameters."""
+    if Y.shape[-1] > 1:
+        options = {"shared_hyperparameters": True, **options}
     oracle = type(model)(
         X,
         Y,

@@ -235,7 +235,7 @@ def test_botorch_fit_fits_every_member():
 @pytest.mark.parametrize(
     ("argument", "options"),
     [
-        ("train_Y", {"outputs": 2}),
+        ("train_Y", {"outputs": 2, "shared_hyperparameters": True}),
         ("input_transform", {"input_transform": Normalize(2)}),  # learned bounds
         ("data_space_limit", {"data_space_limit": 5}),
     ],

@@ -1,7 +1,9 @@
-r"""Multi-output WiskiGP: ``k`` outputs sharing the rows equal ``k`` single-output models.
+r"""Multi-output WiskiGP with shared hyperparameters (``shared_hyperparameters=True``):
+``k`` outputs sharing the rows equal ``k`` single-output models.
 
-The oracle is ``k`` single-output ``WiskiGP``s with the same hyperparameters, each
-built and updated on one column: every posterior, likelihood, gradient, update and
+(The default, outputs with their own hyperparameters as batch members, is tested in
+``test_wiski_output_members.py``.) The oracle is ``k`` single-output ``WiskiGP``s with the
+same hyperparameters, each built and updated on one column: every posterior, likelihood, gradient, update and
 fantasy of the multi-output model must equal theirs (1e-10, float64), whatever space
 (data or grid) the model is in.
 """
@@ -42,7 +44,7 @@ def build(X, Y, Yvar=None, **kwargs):
     # the fixed-noise models keep the targets unscaled.
     tf = {"input_transform": Normalize(2, bounds=BOUNDS)}
     tf["outcome_transform"] = Standardize(Y.shape[-1]) if Yvar is None else None
-    multi = WiskiGP(X, Y, Yvar, grid_size=12, **tf, **kwargs)
+    multi = WiskiGP(X, Y, Yvar, grid_size=12, shared_hyperparameters=True, **tf, **kwargs)
     singles = []
     for j in range(Y.shape[-1]):
         tf = {"input_transform": Normalize(2, bounds=BOUNDS)}
@@ -225,7 +227,14 @@ def test_fixed_noise_shared_by_the_outputs():
     different = Yvar.clone()
     different[0, 1] = 0.3
     with pytest.raises(ValueError, match="train_Yvar differs between outputs"):
-        WiskiGP(X, Y, different, grid_size=12, input_transform=Normalize(2, bounds=BOUNDS))
+        WiskiGP(
+            X,
+            Y,
+            different,
+            grid_size=12,
+            input_transform=Normalize(2, bounds=BOUNDS),
+            shared_hyperparameters=True,
+        )
     with pytest.raises(ValueError, match="Yvar differs between outputs"):
         multi.observe(X_new, Y_new, torch.rand_like(Y_new) + 0.01)
     assert multi.num_train == 53
@@ -244,7 +253,12 @@ def test_bad_input_names_the_argument_and_leaves_the_model_unchanged():
     assert multi.num_train == 30
     torch.testing.assert_close(multi.posterior(test_X).mean, before, rtol=0, atol=0)
     with pytest.raises(ValueError, match="dense grid"):
-        WiskiGP(torch.rand(5, 3, dtype=DT), torch.rand(5, 2, dtype=DT), grid_size=20)
+        WiskiGP(
+            torch.rand(5, 3, dtype=DT),
+            torch.rand(5, 2, dtype=DT),
+            grid_size=20,
+            shared_hyperparameters=True,
+        )
     with pytest.raises(ValueError, match="restandardize needs a single-output model"):
         multi.restandardize()
 
@@ -278,6 +292,7 @@ def test_fit_and_a_multi_objective_acquisition_run_through_botorch():
         grid_size=12,
         input_transform=Normalize(2, bounds=BOUNDS),
         outcome_transform=Standardize(2),
+        shared_hyperparameters=True,
     )
     mll = ExactMarginalLogLikelihood(model.likelihood, model)
     before = model.fit_objective()[0].item()

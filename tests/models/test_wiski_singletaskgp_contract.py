@@ -203,12 +203,13 @@ def test_train_inputs_and_targets_are_single_task_gps(k):
     model = WiskiGP(X, Y, grid_size=32, **kwargs)
     exact = SingleTaskGP(X, Y, **kwargs).eval()
     train_X, train_Y, train_Yvar = model._transform_tensor_args(X, Y)
-    assert train_Yvar is None and torch.equal(train_X, X)
-    assert torch.equal(train_Y, Y.squeeze(-1) if k == 1 else Y.mT)
-    # Transformed inputs; the outputs share theirs (no output dimension).
-    assert torch.allclose(model.train_inputs[0], model.input_transform(X))
-    exact_inputs = exact.train_inputs[0] if k == 1 else exact.train_inputs[0][0]
-    assert torch.allclose(model.train_inputs[0], exact_inputs, rtol=1e-12, atol=1e-14)
+    exact_X, exact_Y, _ = exact._transform_tensor_args(X, Y)
+    assert train_Yvar is None and torch.equal(train_X, exact_X) and torch.equal(train_Y, exact_Y)
+    # Transformed inputs; k outputs with their own hyperparameters each have a copy
+    # (SingleTaskGP's k x n x d layout).
+    assert torch.allclose(model.train_inputs[0], model.input_transform(train_X))
+    assert model.train_inputs[0].shape == exact.train_inputs[0].shape
+    assert torch.allclose(model.train_inputs[0], exact.train_inputs[0], rtol=1e-12, atol=1e-14)
     assert torch.allclose(model.train_targets, exact.train_targets, rtol=1e-12, atol=1e-12)
     assert torch.equal(model._original_train_inputs, X)
     # BoTorch reads the original inputs as X_baseline (in the inputs' own space).
@@ -218,14 +219,16 @@ def test_train_inputs_and_targets_are_single_task_gps(k):
     X_f = 5 * torch.rand(4, 1, dtype=DTYPE)
     fantasy = model.fantasize(X_f, sampler())
     inputs = fantasy.train_inputs[0]
-    assert inputs.shape == (3, len(X) + 4, 1)
-    assert torch.allclose(inputs[:, -4:], model.input_transform(X_f).expand(3, -1, -1))
+    members = () if k == 1 else (k,)
+    assert inputs.shape == (3, *members, len(X) + 4, 1)
+    expected = model.input_transform(X_f).expand(3, *members, -1, -1)
+    assert torch.allclose(inputs[..., -4:, :], expected)
     assert torch.allclose(fantasy._original_train_inputs[:, -4:], X_f.expand(3, -1, -1))
     shape = (3, len(X) + 4) if k == 1 else (3, k, len(X) + 4)
     assert fantasy.train_targets.shape == shape
     # Observed rows join them.
     model.observe(X[:2], Y[:2])
-    assert model.train_inputs[0].shape == (len(X) + 2, 1)
+    assert model.train_inputs[0].shape == (*members, len(X) + 2, 1)
     assert model.train_targets.shape[-1] == len(X) + 2
 
 

@@ -30,14 +30,22 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 TOL = 1e-10
 
 
-def grid_model(device: str = "cpu", n: int = 1500, outputs: int = 1) -> WiskiGP:
+def grid_model(
+    device: str = "cpu", n: int = 1500, outputs: int = 1, shared: bool = True
+) -> WiskiGP:
     generator = torch.Generator().manual_seed(0)
     X = torch.rand(n, 3, generator=generator, dtype=torch.float64)
     Y = torch.sin(6 * X).sum(-1, keepdim=True) + 0.1 * torch.randn(
         n, outputs, generator=generator, dtype=torch.float64
     )
     bounds = torch.tensor([[0.0] * 3, [1.0] * 3], dtype=torch.float64, device=device)
-    model = WiskiGP(X.to(device), Y.to(device), grid_size=10, grid_bounds=bounds)
+    model = WiskiGP(
+        X.to(device),
+        Y.to(device),
+        grid_size=10,
+        grid_bounds=bounds,
+        shared_hyperparameters=shared,
+    )
     model.eval()
     assert isinstance(model.exact_posterior(), GridPosterior)
     return model
@@ -60,14 +68,22 @@ def assert_agree(graphed: list[torch.Tensor], eager: list[torch.Tensor]) -> None
 
 
 # ---------------------------------------------------------------------- CPU
-@pytest.mark.parametrize("outputs", [1, 2])
-def test_the_captured_function_reads_nothing_on_the_host_and_gives_forwards_posterior(outputs):
-    model = grid_model(n=1500, outputs=outputs)
+@pytest.mark.parametrize(
+    ("outputs", "shared"),
+    [(1, True), (2, True), (2, False)],
+    ids=["one output", "two outputs", "two outputs, own hyperparameters"],
+)
+def test_the_captured_function_reads_nothing_on_the_host_and_gives_forwards_posterior(
+    outputs, shared
+):
+    model = grid_model(n=1500, outputs=outputs, shared=shared)
     conditioned = model.condition_on_observations(
         points((2,), "cpu", seed=5), torch.zeros(2, outputs, dtype=torch.float64)
     )
     for m in (model, conditioned):
         X = points((4, 3), "cpu")
+        if not shared:  # (forward takes the outputs' member dimension)
+            X = X.unsqueeze(-3)
         posterior, correction = m.exact_posterior(), m._current_correction()
         with torch.no_grad(), no_host_reads():
             factors = m._grid_factors(X, posterior, correction)

@@ -246,15 +246,16 @@ class WiskiGP(
             without an input transform that learns its coefficients or LOVE; the rest
             raises a ``ValueError``.
         train_Y: ``n x k`` training targets. ``k > 1`` gives one model of ``k`` outputs
-            observed at the same inputs (as ``SingleTaskGP``'s ``num_outputs``): they share
-            the kernel hyperparameters and the noise, hence the interpolation rows, the
-            Gram statistics and every factorisation; only ``W^T y``, ``y^T y`` and the
-            means are per output, so ``k`` outputs cost about what one does. Dense grids
-            only (at most ``MAX_DENSE_GRID`` points).
+            observed at the same inputs, as ``SingleTaskGP`` does: each output has its own
+            kernel, noise and constant mean (batch members on one grid, BoTorch's
+            ``BatchedMultiOutputGPyTorchModel`` layout: ``t x k`` posteriors, ``k x n x d``
+            training inputs, ``O(k m^2 q)`` per update; see ``shared_hyperparameters`` for
+            the cheaper shared mode). Dense grids only (at most ``MAX_DENSE_GRID`` points).
         train_Yvar: Optional ``n x k`` observed noise variances. If given, the model
             uses fixed heteroskedastic noise and ``observe`` requires ``Yvar``;
-            otherwise the noise level is learned. With ``k > 1`` each row must have one
-            noise variance for all outputs (after the outcome transform). As in
+            otherwise the noise level is learned. With ``shared_hyperparameters`` each
+            row must have one noise variance for all outputs (after the outcome
+            transform). As in
             ``SingleTaskGP``, ``likelihood.noise`` is then every row's (transformed) noise
             variance, and a conditioned (fantasy) model's likelihood holds its own rows'
             too (:meth:`training_noise`: read on access, never copied on an update).
@@ -341,6 +342,13 @@ class WiskiGP(
             and the data fit stay exact SKI. False: the exact SKI posterior (as does
             ``with streamgp.settings.exact_prior_variance(False)`` for every model). A
             flag, not state: checkpoints neither save nor change it.
+        shared_hyperparameters: With ``k > 1`` outputs, share one kernel and one noise
+            level between them (False, the default: each output its own, as in
+            ``SingleTaskGP``). Shared, the outputs share the interpolation rows, the Gram
+            statistics and every factorisation; only ``W^T y``, ``y^T y`` and the means
+            are per output, so ``k`` outputs cost about what one does, and the model may
+            stay in data space while ``n`` is small. Correct when the outputs have one
+            kernel (the same lengthscales and noise, e.g. after a common scaling).
 
     After a fit (``fit_gpytorch_mll``) that leaves a lengthscale below
     ``MIN_SPACINGS_PER_LENGTHSCALE`` (2) grid spacings, the model warns once with
@@ -357,8 +365,12 @@ class WiskiGP(
         >>> posterior = model.posterior(torch.rand(5, 2, dtype=torch.float64))
     """
 
-    #: Set per model from ``train_Y``'s columns.
+    #: The outputs the algebra carries per row (``train_Y``'s columns when they share the
+    #: hyperparameters, else 1: see :attr:`_output_members`).
     _num_outputs = 1
+    #: ``k`` when the ``k`` outputs are batch members with their own hyperparameters
+    #: (BoTorch's batched multi-output layout, the default for ``k > 1``), else 0.
+    _output_members = 0
     #: The training data's batch dimensions (``train_X``: ``batch x n x d``), set per model.
     _data_batch_shape = torch.Size([])
     #: Largest grid that keeps the exact dense ``m x m`` root; larger grids use the
@@ -460,20 +472,38 @@ class WiskiGP(
         keep_data: bool = True,
         mean_module: ConstantMean | ZeroMean | None = None,
         exact_prior_variance: bool = True,
+        shared_hyperparameters: bool = False,
     ) -> None:
         check_grid_model_data(
             train_X, train_Y, train_Yvar, likelihood, multi_output=True, batched=True
         )
+        if not isinstance(shared_hyperparameters, bool):
+            raise TypeError(
+                "shared_hyperparameters must be a bool, got "
+                f"{type(shared_hyperparameters).__name__}."
+            )
         num_outputs = train_Y.shape[-1]
+        # k outputs with their own hyperparameters are k batch members (BoTorch's
+        # BatchedMultiOutputGPyTorchModel); shared ones share every row-derived factor.
+        output_members = num_outputs if num_outputs > 1 and not shared_hyperparameters else 0
         # Batched training data (b x n x d): one model per batch member, as a batched
-        # SingleTaskGP (one output, grid space: check_batched_options).
+        # SingleTaskGP (grid space: check_batched_options).
         data_batch = train_X.shape[:-2]
-        if data_batch:
-            check_batched_options(train_Y, input_transform, interpolation, data_space_limit)
+        if data_batch or output_members:
+            check_batched_options(
+                train_Y[..., :1] if output_members else train_Y,
+                input_transform,
+                interpolation,
+                data_space_limit,
+                "per-output hyperparameters" if output_members else "batched training data",
+            )
             data_space_limit = 0
+        member_batch = torch.Size([*data_batch, *([output_members] if output_members else [])])
         if mean_module is None:  # SingleTaskGP's: a learned constant for each output
             mean_module = ConstantMean(
-                batch_shape=torch.Size([num_outputs] if num_outputs > 1 else data_batch)
+                batch_shape=member_batch
+                if output_members or data_batch
+                else torch.Size([num_outputs] if num_outputs > 1 else [])
             )
         elif type(mean_module) is ConstantMean:
             if mean_module.constant.numel() not in (1, num_outputs):
@@ -508,10 +538,13 @@ class WiskiGP(
             )
         check_choice(extrapolation, "extrapolation", EXTRAPOLATION_POLICIES)
         super().__init__()
-        self._data_batch_shape = data_batch
+        self._data_batch_shape = member_batch
+        self._output_members = output_members
+        if output_members:  # BoTorch's names for the two batch shapes
+            self._input_batch_shape, self._aug_batch_shape = data_batch, member_batch
         self.extrapolation = extrapolation
         self.exact_prior_variance = exact_prior_variance
-        self._num_outputs = num_outputs
+        self._num_outputs = 1 if output_members else num_outputs
         dim = train_X.shape[-1]
         tkwargs = {"dtype": train_X.dtype, "device": train_X.device}
 
@@ -526,12 +559,14 @@ class WiskiGP(
         # output indices or None, their count). A model with `observations` reads those.
         self._row_source = None
         # Fit the transforms once on the initial data, then freeze them.
-        transformed_X, train_Y, train_Yvar = fit_frozen_transforms(
-            self, train_X, train_Y, input_transform, outcome_transform, train_Yvar
+        transformed_X, train_Y, train_Yvar = self._outputs_to_members(
+            *fit_frozen_transforms(
+                self, train_X, train_Y, input_transform, outcome_transform, train_Yvar
+            )
         )
 
         if covar_module is None:
-            batch = {"batch_shape": data_batch} if data_batch else {}
+            batch = {"batch_shape": member_batch} if member_batch else {}
             covar_module = get_covar_module_with_dim_scaled_prior(ard_num_dims=dim, **batch)
         self.covar_module = covar_module.to(**tkwargs)
         self.mean_module = mean_module.to(**tkwargs)
@@ -543,7 +578,7 @@ class WiskiGP(
         else:
             self.likelihood = (
                 get_gaussian_likelihood_with_lognormal_prior(
-                    **({"batch_shape": data_batch} if data_batch else {})
+                    **({"batch_shape": member_batch} if member_batch else {})
                 )
                 if likelihood is None
                 else likelihood
@@ -721,7 +756,7 @@ class WiskiGP(
         r"""Turn an unbatched conditioned model into a plain model (exact)."""
         if not self._conditioning_log:
             return
-        if len(self.batch_shape) > 0:
+        if len(self._internal_batch_shape) > 0:
             raise RuntimeError(
                 "This model was conditioned on batched (fantasy) observations, whose "
                 f"batch shape {tuple(self.batch_shape)} cannot be folded into one set of "

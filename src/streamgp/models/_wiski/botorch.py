@@ -31,6 +31,14 @@ class BoTorchDataMixin:
 
     @property
     def batch_shape(self) -> torch.Size:
+        r"""BoTorch's batch shape: fantasies', then ``train_X``'s batch dimensions (not
+        the member dimension of outputs with their own hyperparameters)."""
+        shape = self._internal_batch_shape
+        return shape[:-1] if self._output_members else shape
+
+    @property
+    def _internal_batch_shape(self) -> torch.Size:
+        r"""The batch shape of the algebra: with the outputs' member dimension, if any."""
         shape = super().batch_shape
         if self._data_batch_shape:  # batched training data
             return torch.broadcast_shapes(self._data_batch_shape, shape)
@@ -40,8 +48,9 @@ class BoTorchDataMixin:
     def _transform_new_data(
         self, X: Tensor, Y: Tensor | None = None, Yvar: Tensor | None = None
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        r"""Pass new data through the frozen input and outcome transforms."""
-        return transform_new_data(self, X, Y, Yvar)
+        r"""Pass new data through the frozen input and outcome transforms (and lay out
+        outputs with their own hyperparameters as batch members)."""
+        return self._outputs_to_members(*transform_new_data(self, X, Y, Yvar))
 
     # ------------------------------------------- training rows, as SingleTaskGP shows them
     def _kept_rows(self) -> tuple[Tensor, Tensor, Tensor | None] | None:
@@ -126,7 +135,7 @@ class BoTorchDataMixin:
             noise = level.unsqueeze(-1).expand(*level.shape, statistics.count)
         else:
             noise = self._noise_level().expand(statistics.count)
-        noise = concat_rows([noise, *self._log_parts(2)], self.batch_shape)
+        noise = concat_rows([noise, *self._log_parts(2)], self._internal_batch_shape)
         if self._num_outputs > 1:
             noise = noise.unsqueeze(-2).expand(*noise.shape[:-1], self._num_outputs, -1)
         return noise
@@ -154,7 +163,7 @@ class BoTorchDataMixin:
         """
         X_t = self._rows_or_raise("train_inputs")[0]
         parts = [X_t, *(X_q.detach() for X_q in self._log_parts(0))]
-        return (concat_row_inputs(parts, self.batch_shape),)
+        return (concat_row_inputs(parts, self._internal_batch_shape),)
 
     @property
     def train_targets(self) -> Tensor:
@@ -165,7 +174,8 @@ class BoTorchDataMixin:
         """
         Y_t = self._rows_or_raise("train_targets")[1]
         k = self._num_outputs
-        shape = self.batch_shape if k == 1 else torch.Size([*self.batch_shape, k])
+        batch = self._internal_batch_shape
+        shape = batch if k == 1 else torch.Size([*batch, k])
         return concat_rows([self._targets(Y_t), *self._log_parts(1)], shape)
 
     @property
@@ -184,8 +194,11 @@ class BoTorchDataMixin:
         if self._conditioning_log and self.observations is not None:
             X = self.observations.X  # observed rows held back (FOLD_RANK) are kept too
         elif self._conditioning_log:
+            parts = self._log_parts(0)
+            if self._output_members:  # (each output's copy of the same rows)
+                parts = [p.select(-3, 0) for p in parts]
             try:
-                parts = [self.input_transform.untransform(p.detach()) for p in self._log_parts(0)]
+                parts = [self.input_transform.untransform(p.detach()) for p in parts]
             except NotImplementedError as error:
                 raise AttributeError(
                     "_original_train_inputs: the input transform cannot be inverted."
@@ -198,9 +211,10 @@ class BoTorchDataMixin:
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         r"""BoTorch's layout of training data: the outputs moved before the rows.
 
-        As ``BatchedMultiOutputGPyTorchModel._transform_tensor_args``, except that the
-        inputs get no output dimension (the outputs of a multi-output ``WiskiGP`` share
-        them, see :attr:`train_inputs`).
+        As ``BatchedMultiOutputGPyTorchModel._transform_tensor_args``: outputs with their
+        own hyperparameters (the default) get the inputs with an output dimension
+        (``batch x k x n x d``); outputs that share them
+        (``shared_hyperparameters=True``) share the inputs, see :attr:`train_inputs`.
 
         Args:
             X: ``batch x n x d`` inputs.
@@ -208,10 +222,10 @@ class BoTorchDataMixin:
             Yvar: Optional ``batch x n x k`` noise variances.
 
         Returns:
-            ``X`` unchanged, and ``Y`` and ``Yvar`` as ``batch x n`` (one output) or
-            ``batch x k x n``.
+            ``X`` (``batch x k x n x d`` for outputs with their own hyperparameters), and
+            ``Y`` and ``Yvar`` as ``batch x n`` (one output) or ``batch x k x n``.
         """
-        k = self._num_outputs
+        k = self.num_outputs
         check_tensor(X, "X", min_dim=2, last_dim=self.interpolation.dim)
         check_tensor(Y, "Y", like=X, min_dim=2, last_dim=k)
         if Y.shape[:-1] != X.shape[:-1]:
@@ -225,6 +239,9 @@ class BoTorchDataMixin:
                 raise ValueError(
                     f"Yvar has shape {tuple(Yvar.shape)}; expected Y's {tuple(Y.shape)}."
                 )
+        if self._output_members:
+            X, Y, Yvar = self._outputs_to_members(X, Y, Yvar)
+            return X, Y.squeeze(-1), None if Yvar is None else Yvar.squeeze(-1)
         return X, self._targets(Y), None if Yvar is None else self._targets(Yvar)
 
     def _check_inputs(self, X: Tensor, name: str, min_dim: int = 2) -> None:

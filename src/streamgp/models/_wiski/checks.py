@@ -25,11 +25,16 @@ def check_batched_options(
     input_transform: Any,
     interpolation: Any,
     data_space_limit: int | None,
+    kind: str = "batched training data",
 ) -> None:
-    r"""Refuse what a batched ``WiskiGP`` (``train_X``: ``batch x n x d``) does not do yet,
-    naming the argument."""
+    r"""Refuse what a batched ``WiskiGP`` does not do yet, naming the argument.
+
+    A batched model: ``train_X`` of ``batch x n x d``, or ``k`` outputs with their own
+    hyperparameters (``kind`` says which), whose batch members share one grid.
+    """
     refused = {
-        "train_Y": train_Y.shape[-1] > 1 and f"{train_Y.shape[-1]} outputs",
+        "train_Y": train_Y.shape[-1] > 1
+        and f"{train_Y.shape[-1]} outputs sharing their hyperparameters",
         "input_transform": learns_input_coefficients(input_transform)
         and "an input transform that learns its coefficients (e.g. Normalize without bounds)",
         "interpolation": interpolation is not None and "an interpolation factory",
@@ -38,9 +43,8 @@ def check_batched_options(
     for name, what in refused.items():
         if what:
             raise ValueError(
-                f"{name}: a WiskiGP with batched training data (train_X: batch x n x d) "
-                f"does not support {what} yet; it has one output and grid statistics "
-                "(data_space_limit=0)."
+                f"{name}: a WiskiGP with {kind} (batch members on one grid) does not "
+                f"support {what} yet; it keeps grid statistics (data_space_limit=0)."
             )
 
 

@@ -9,6 +9,9 @@ prior mean, so that the statistics and posteriors see the GP's residuals.
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
 from gpytorch.means import ConstantMean
 from torch import Tensor
 
@@ -22,6 +25,36 @@ class OutputsMixin:
 
     Part of :class:`~streamgp.models.WiskiGP`, which inherits its methods unchanged.
     """
+
+    @property
+    def num_outputs(self) -> int:
+        r"""The model's outputs, ``train_Y``'s columns (BoTorch's ``num_outputs``)."""
+        return self._output_members or self._num_outputs
+
+    @property
+    def _public_batch_shape(self) -> torch.Size:
+        r"""``train_X``'s batch dimensions (without the outputs' member dimension)."""
+        batch = self._data_batch_shape
+        return batch[:-1] if self._output_members else batch
+
+    def _outputs_to_members(
+        self, X: Tensor, Y: Tensor | None = None, Yvar: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        r"""Transformed data in BoTorch's layout (``... x q x d``, ``... x q x k``) as the
+        batch members of outputs with their own hyperparameters: ``... x k x q x d`` (a
+        view of ``X`` for each output) and ``... x k x q x 1``. Unchanged otherwise."""
+        k = self._output_members
+        if not k:
+            return X, Y, Yvar
+        X = X.unsqueeze(-3).expand(*X.shape[:-2], k, *X.shape[-2:])
+        Y, Yvar = (None if T is None else T.movedim(-1, -2).unsqueeze(-1) for T in (Y, Yvar))
+        return X, Y, Yvar
+
+    def _latent_posterior(self, X_t: Tensor) -> Any:
+        r"""The latent posterior at transformed inputs ``X_t``; outputs with their own
+        hyperparameters predict as batch members (``... x k x t``), which the posterior's
+        assembly lays out as BoTorch's ``t x k``."""
+        return self(X_t.unsqueeze(-3) if self._output_members else X_t)
 
     def _targets(self, Y: Tensor) -> Tensor:
         r"""``... x q x k`` targets in the layout of the algebra: ``... x q`` for one

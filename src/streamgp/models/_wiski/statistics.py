@@ -94,7 +94,7 @@ class StatisticsMixin:
 
     def _fold_observed(self) -> None:
         r"""Fold pending rows of an unbatched model (a batched fantasy view keeps its own)."""
-        if self._conditioning_log and len(self.batch_shape) == 0:
+        if self._conditioning_log and len(self._internal_batch_shape) == 0:
             self._fold_conditioning()
 
     @property

@@ -10,10 +10,12 @@ r"""How a :class:`~streamgp.models.WiskiGP` takes new observations.
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING, Any
 
 import torch
 from botorch.exceptions.errors import UnsupportedError
+from botorch.models.utils import mod_batch_shape
 from gpytorch.means import ConstantMean
 from torch import Tensor
 
@@ -21,6 +23,7 @@ from streamgp.interpolation.grid import GridBox, InterpolationWeights, grown_gri
 from streamgp.linalg.woodbury import GridPosterior
 from streamgp.models.utils import conditioning_noise, shallow_view, transaction
 from streamgp.models.utils.fixed_noise import bind_row_noise
+from streamgp.models.utils.observations import ObservationStore
 from streamgp.settings import immediate_value_checks, skip_value_checks
 from streamgp.utils.validation import (
     check_conditioning_data,
@@ -63,12 +66,12 @@ class UpdatesMixin:
                 like=self.interpolation.bounds,
                 dim=self.interpolation.dim,
                 fixed_noise=self.fixed_noise,
-                num_outputs=self._num_outputs,
-                batch_shape=self._data_batch_shape,
+                num_outputs=self.num_outputs,
+                batch_shape=self._public_batch_shape,
             )
             q = X.shape[-2]
             X_t, Y_t, Yvar_t = self._transform_new_data(X, Y, Yvar)
-            if self._conditioning_log and len(self.batch_shape) > 0 and q:
+            if self._conditioning_log and len(self._internal_batch_shape) > 0 and q:
                 raise RuntimeError(
                     "observe is not available on a model conditioned on batched (fantasy) "
                     "observations; observe on the parent model instead."
@@ -165,7 +168,7 @@ class UpdatesMixin:
                 noise,
                 like=self.interpolation.bounds,
                 dim=self.interpolation.dim,
-                num_outputs=self._num_outputs,
+                num_outputs=self.num_outputs,
                 # A grid box's check_inside refuses NaN and Inf too (they leave the box);
                 # with kept data they are refused below, before a re-grid.
                 finite_X=not isinstance(self.interpolation, GridBox),
@@ -178,6 +181,8 @@ class UpdatesMixin:
                 checks.decide(self.interpolation.any_outside(X_t), outside.append)
             if noise is not None and self._num_outputs > 1:
                 noise = self._shared_noise(noise, "noise").unsqueeze(-1)
+            elif noise is not None and self._output_members:  # each output's own rows
+                noise = noise.movedim(-1, -2).unsqueeze(-1)
             self._read_checks(checks)
             if outside and outside[0]:
                 with immediate_value_checks():
@@ -190,7 +195,7 @@ class UpdatesMixin:
             y = self._targets(Y_t)
             if noise is None and self._data_batch_shape:  # each member's own level
                 level = self._observation_noise_variance().detach()  # batch x 1
-                noise_q = level.expand(torch.broadcast_shapes(level.shape, X.shape[:-1]))
+                noise_q = level.expand(torch.broadcast_shapes(level.shape, X_t.shape[:-1]))
             else:
                 noise_q = self._row_noise(conditioning_noise(noise, self, X))
             correction = self._current_correction().condition(
@@ -249,10 +254,12 @@ class UpdatesMixin:
         Returns:
             A ``WiskiGP`` with ``len(idcs)`` outputs (single-output for one index).
         """
-        k = self._num_outputs
+        k = self.num_outputs
         idcs = list(idcs)
         if not idcs or any(not isinstance(i, int) or not 0 <= i < k for i in idcs):
             raise ValueError(f"idcs must be output indices in [0, {k}), got {idcs}.")
+        if self._output_members:
+            return self._subset_members(idcs)
         if self._data_batch_shape:
             raise UnsupportedError(
                 "subset_output on a WiskiGP with batched training data is not supported yet."
@@ -295,6 +302,58 @@ class UpdatesMixin:
             new.mean_module = mean_module
         return new
 
+    def _subset_members(self, idcs: list[int]) -> WiskiGP:
+        r""":meth:`subset_output` of outputs with their own hyperparameters: a model of
+        the chosen outputs rebuilt from the kept observations on this model's grid, with
+        its frozen transforms and those outputs' hyperparameters (``O(n 4^d)``, exact: it
+        equals this model's outputs ``idcs``)."""
+        if self._correction is not None or self._conditioning_log:
+            raise RuntimeError(
+                "subset_output is not available on a model conditioned on (fantasy) "
+                "observations; take it on the parent model."
+            )
+        rows = self._kept_rows()
+        if rows is None:
+            raise UnsupportedError(
+                "subset_output of outputs with their own hyperparameters rebuilds them from "
+                "the kept observations, and this model keeps none (keep_data=False)."
+            )
+        if idcs == list(range(self.num_outputs)):
+            return self._view()
+        X, Y, Yvar = rows
+        Y, Yvar = Y[..., idcs], None if Yvar is None else Yvar[..., idcs]
+        transform = getattr(self, "outcome_transform", None)
+        subset_transform = None if transform is None else transform.subset_output(idcs).eval()
+        Y_t, Yvar_t = (Y, Yvar) if subset_transform is None else subset_transform(Y, Yvar)
+        modules = {
+            name: subset_member_parameters(
+                copy.deepcopy(getattr(self, name)), idcs, self._data_batch_shape
+            )
+            for name in ("covar_module", "mean_module", "likelihood")
+        }
+        input_transform = getattr(self, "input_transform", None)
+        with torch.no_grad():
+            new = type(self)(
+                X,
+                Y_t,
+                Yvar_t,
+                likelihood=None if self.fixed_noise else modules["likelihood"],
+                covar_module=modules["covar_module"],
+                mean_module=modules["mean_module"],
+                outcome_transform=None,
+                input_transform=copy.deepcopy(input_transform),
+                grid_size=list(self.interpolation.grid_size),
+                grid_bounds=self.interpolation.bounds.clone(),
+                extrapolation=self.extrapolation,
+                data_space_limit=0,
+                exact_prior_variance=self.exact_prior_variance,
+            )
+        if subset_transform is not None:  # frozen as this model's; the raw rows kept
+            new.outcome_transform = subset_transform
+            new.observations = ObservationStore(X, Y, Yvar)
+        new.love_tolerance = self.love_tolerance
+        return new
+
     def _view(self) -> WiskiGP:
         r"""A new model object sharing this one's tensors and hyperparameter modules.
 
@@ -315,3 +374,25 @@ class UpdatesMixin:
         if self.fixed_noise:  # its own likelihood: its rows' noise, never the parent's
             new.likelihood = bind_row_noise(new)
         return new
+
+
+def subset_member_parameters(
+    module: torch.nn.Module, idcs: list[int], member_batch: torch.Size
+) -> torch.nn.Module:
+    r"""``module`` (a copy) with the outputs ``idcs`` of its parameters batched over
+    ``member_batch`` (``train_X``'s batch, then the outputs): as BoTorch's
+    ``BatchedMultiOutputGPyTorchModel.subset_output``, the output dimension indexed
+    (dropped for one output) and the modules' ``batch_shape`` changed with it.
+    Parameters without that batch (a module shared by the outputs) are kept whole."""
+    dim = len(member_batch) - 1
+    index = torch.tensor(idcs)
+    holder = torch.nn.Module()  # (mod_batch_shape walks names from a parent module)
+    holder.module = module
+    for name, parameter in list(module.named_parameters()):
+        if parameter.shape[: dim + 1] != member_batch:
+            continue
+        value = parameter.data.index_select(dim, index.to(parameter.device))
+        parameter.data = value.squeeze(dim) if len(idcs) == 1 else value
+        path = ["module", *name.split(".")[:-1]]
+        mod_batch_shape(holder, path, len(idcs) if len(idcs) > 1 else 0)
+    return module

@@ -234,11 +234,12 @@ def _num_outputs(model: torch.nn.Module) -> int:
 
 def _standardize_coefficients(transform: Standardize) -> tuple[Tensor, Tensor]:
     r"""``Standardize``'s means and standard deviations: scalars for one output, ``k``
-    entries for ``k`` (matching a ``... x k`` batch of outputs)."""
+    entries for ``k`` (matching a ``... x k`` batch of outputs; ``batch x k`` for a
+    batched transform)."""
     if transform._m == 1:  # (a batched transform: one per batch member)
         batch = transform.means.shape[:-2]
         return transform.means.reshape(batch), transform.stdvs.reshape(batch)
-    return transform.means.reshape(-1), transform.stdvs.reshape(-1)
+    return transform.means.squeeze(-2), transform.stdvs.squeeze(-2)  # batch x k
 
 
 def _observation_noise(
