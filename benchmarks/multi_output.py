@@ -1,8 +1,9 @@
 r"""One k-output ``WiskiGP`` against k single-output ``WiskiGP``s on the same inputs.
 
 With ``shared_hyperparameters=True`` the outputs of a multi-output WISKI share the
-interpolation rows, the Gram statistics ``W^T W``, the kernel and the noise, so the factorisation (``n x n`` in data space,
-``m x m`` on the grid) and every update of it are done once for all outputs; only
+interpolation rows, the Gram statistics ``W^T W``, the kernel and the noise, so the
+factorisation (``n x n`` in data space, ``m x m`` on the grid) and every update of it are
+done once for all outputs; only
 ``W^T y``, ``y^T y`` and the means are per output. k single-output models (what a
 ``ModelListGP`` holds) do all of it k times.
 

@@ -2,10 +2,10 @@ r"""Multi-output WiskiGP with shared hyperparameters (``shared_hyperparameters=T
 ``k`` outputs sharing the rows equal ``k`` single-output models.
 
 (The default, outputs with their own hyperparameters as batch members, is tested in
-``test_wiski_output_members.py``.) The oracle is ``k`` single-output ``WiskiGP``s with the
-same hyperparameters, each built and updated on one column: every posterior, likelihood, gradient, update and
-fantasy of the multi-output model must equal theirs (1e-10, float64), whatever space
-(data or grid) the model is in.
+``test_wiski_output_members.py``.) The oracle is ``k`` single-output ``WiskiGP``s with
+the same hyperparameters, each built and updated on one column: every posterior,
+likelihood, gradient, update and fantasy of the multi-output model must equal theirs
+(1e-10, float64), whatever space (data or grid) the model is in.
 """
 
 from __future__ import annotations
