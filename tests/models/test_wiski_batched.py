@@ -236,7 +236,6 @@ def test_botorch_fit_fits_every_member():
     ("argument", "options"),
     [
         ("train_Y", {"outputs": 2, "shared_hyperparameters": True}),
-        ("input_transform", {"input_transform": Normalize(2)}),  # learned bounds
         ("data_space_limit", {"data_space_limit": 5}),
     ],
 )

@@ -143,6 +143,23 @@ def test_parameters_and_posteriors_are_single_task_gps():
     torch.testing.assert_close(model.train_targets, exact.train_targets, **TOL)
 
 
+def test_normalize_without_bounds_learns_them_once_for_every_output():
+    # BoTorch's tutorials write Normalize(d): the bounds are learned from train_X, and the
+    # outputs' shared grid covers the normalised data plus a margin.
+    X, Y, _ = _data()
+    X = 2.0 + 3.0 * X
+    model = WiskiGP(X, Y, input_transform=Normalize(2), **OPTIONS)
+    _set_hyperparameters(model)
+    assert torch.allclose(model.train_inputs[0][0].amax(0), torch.ones(2, dtype=DT))
+    X_star = 2.0 + 3.0 * torch.rand(5, 2, dtype=DT)
+    posterior = model.posterior(X_star)
+    for j in range(K):
+        single = _single(model, X, Y, None, j, input_transform=Normalize(2))
+        expected = single.posterior(X_star)
+        torch.testing.assert_close(posterior.mean[:, j], expected.mean[:, 0], **TOL)
+        torch.testing.assert_close(posterior.variance[:, j], expected.variance[:, 0], **TOL)
+
+
 def test_batched_training_data_with_several_outputs():
     X, Y, _ = _data(n=16, batch=(2,))
     model = WiskiGP(X, Y, **OPTIONS)
@@ -219,8 +236,6 @@ def test_bad_options_are_refused_by_name():
         WiskiGP(X, Y, shared_hyperparameters="no", **OPTIONS)
     with pytest.raises(ValueError, match="^data_space_limit: .*per-output hyperparameters"):
         WiskiGP(X, Y, data_space_limit=50, **OPTIONS)
-    with pytest.raises(ValueError, match="^input_transform: .*per-output hyperparameters"):
-        WiskiGP(X, Y, input_transform=Normalize(2), **OPTIONS)
     model = WiskiGP(X, Y, outcome_transform=Standardize(K), **OPTIONS)
     with pytest.raises(ValueError, match="idcs"):
         model.subset_output([K])

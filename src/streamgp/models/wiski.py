@@ -123,7 +123,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from botorch.models.gpytorch import GPyTorchModel
+from botorch.models.gpytorch import BatchedMultiOutputGPyTorchModel
 from botorch.models.model import FantasizeMixin
 from botorch.models.transforms.input import InputTransform
 from botorch.models.transforms.outcome import OutcomeTransform
@@ -228,7 +228,7 @@ class WiskiGP(
     CachedPosteriorMixin,
     StreamingModelMixin,
     FrozenTransformsMixin,
-    GPyTorchModel,
+    BatchedMultiOutputGPyTorchModel,
     GP,
     FantasizeMixin,
 ):
@@ -243,8 +243,7 @@ class WiskiGP(
             (``O(m^2 q)`` per update). So far for one output (learned noise, or fixed
             noise with ``batch x n x 1`` ``train_Yvar``), in grid space
             (``data_space_limit`` 0; the members share one grid over all their data),
-            without an input transform that learns its coefficients or LOVE; the rest
-            raises a ``ValueError``.
+            without LOVE; the rest raises a ``ValueError``.
         train_Y: ``n x k`` training targets. ``k > 1`` gives one model of ``k`` outputs
             observed at the same inputs, as ``SingleTaskGP`` does: each output has its own
             kernel, noise and constant mean (batch members on one grid, BoTorch's
@@ -540,8 +539,9 @@ class WiskiGP(
         super().__init__()
         self._data_batch_shape = member_batch
         self._output_members = output_members
-        if output_members:  # BoTorch's names for the two batch shapes
-            self._input_batch_shape, self._aug_batch_shape = data_batch, member_batch
+        # BoTorch's names for the two batch shapes (its independent per-member fits read
+        # _aug_batch_shape): the inputs', and theirs with the outputs' member dimension.
+        self._input_batch_shape, self._aug_batch_shape = data_batch, member_batch
         self.extrapolation = extrapolation
         self.exact_prior_variance = exact_prior_variance
         self._num_outputs = 1 if output_members else num_outputs

@@ -35,8 +35,6 @@ def check_batched_options(
     refused = {
         "train_Y": train_Y.shape[-1] > 1
         and f"{train_Y.shape[-1]} outputs sharing their hyperparameters",
-        "input_transform": learns_input_coefficients(input_transform)
-        and "an input transform that learns its coefficients (e.g. Normalize without bounds)",
         "interpolation": interpolation is not None and "an interpolation factory",
         "data_space_limit": data_space_limit not in (None, 0) and "data space",
     }
