@@ -17,7 +17,6 @@ import torch
 from torch import Tensor
 
 from streamgp.settings import ValueChecks, deferred_value_checks, skip_value_checks, value_check_all
-from streamgp.utils.validation import learns_input_coefficients
 
 
 def check_batched_options(
