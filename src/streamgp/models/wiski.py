@@ -491,7 +491,6 @@ class WiskiGP(
         if data_batch or output_members:
             check_batched_options(
                 train_Y[..., :1] if output_members else train_Y,
-                input_transform,
                 interpolation,
                 data_space_limit,
                 "per-output hyperparameters" if output_members else "batched training data",

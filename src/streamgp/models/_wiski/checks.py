@@ -21,7 +21,6 @@ from streamgp.settings import ValueChecks, deferred_value_checks, skip_value_che
 
 def check_batched_options(
     train_Y: Tensor,
-    input_transform: Any,
     interpolation: Any,
     data_space_limit: int | None,
     kind: str = "batched training data",
