@@ -173,6 +173,12 @@ def test_batched_training_data_with_several_outputs():
             expected = _single(model, X, Y, None, j, member=(b,)).posterior(X_star)
             torch.testing.assert_close(posterior.mean[b, :, j], expected.mean[:, 0], **TOL)
             torch.testing.assert_close(posterior.variance[b, :, j], expected.variance[:, 0], **TOL)
+    # A noise tensor of BoTorch's b x t x 1 layout: the same noise for every output of a
+    # member, member by member (it once landed on the outputs' dimension).
+    noise = torch.rand(2, 5, 1, dtype=DT)
+    noisy = model.posterior(X_star, observation_noise=noise)
+    scale = model.outcome_transform.stdvs.square()  # b x 1 x k
+    torch.testing.assert_close(noisy.variance, posterior.variance + noise * scale, **TOL)
     model.observe(*_data(n=2, seed=3, batch=(2,))[:2])
     assert model.train_inputs[0].shape == (2, K, 18, 2)
 

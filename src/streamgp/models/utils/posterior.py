@@ -205,7 +205,9 @@ def assemble_posterior(
         return assemble_root_posterior(
             model, mvn, X_t, observation_noise, noise_variance, posterior_transform
         )
-    noise = _observation_noise(observation_noise, noise_variance, mvn.mean.shape)
+    noise = _observation_noise(
+        observation_noise, noise_variance, mvn.mean.shape, _num_outputs(model)
+    )
     outcome_tf = getattr(model, "outcome_transform", None)
     covar = mvn.lazy_covariance_matrix
     if isinstance(covar, PosteriorCovariance) and (
@@ -243,15 +245,19 @@ def _standardize_coefficients(transform: Standardize) -> tuple[Tensor, Tensor]:
 
 
 def _observation_noise(
-    observation_noise: bool | Tensor, noise_variance: Callable[[], Tensor], shape: torch.Size
+    observation_noise: bool | Tensor,
+    noise_variance: Callable[[], Tensor],
+    shape: torch.Size,
+    num_outputs: int = 1,
 ) -> Tensor | None:
     """The noise variances to add at the ``shape`` test points, or ``None`` for none.
 
     ``shape`` is ``batch x t`` for one output and ``batch x k x t`` for ``k``; a tensor
-    ``observation_noise`` comes in BoTorch's ``batch x t x k`` layout.
+    ``observation_noise`` comes in BoTorch's ``batch x t x k`` layout (``batch x t x 1``:
+    the same noise for every output).
     """
     if isinstance(observation_noise, Tensor):
-        if observation_noise.shape[-1] > 1:
+        if num_outputs > 1:
             return observation_noise.movedim(-1, -2).expand(shape)
         return observation_noise.squeeze(-1).expand(shape)
     if observation_noise:
@@ -304,7 +310,7 @@ def assemble_root_posterior(
         latent_diagonal = covar._diag_tensor.diagonal().expand(mean.shape)
         covar = covar._linear_op
     root = covar.root.to_dense()
-    noise = _observation_noise(observation_noise, noise_variance, mean.shape)
+    noise = _observation_noise(observation_noise, noise_variance, mean.shape, _num_outputs(model))
     if latent_diagonal is not None:
         noise = latent_diagonal if noise is None else latent_diagonal + noise
     outcome_tf = getattr(model, "outcome_transform", None)
