@@ -173,6 +173,12 @@ def test_batched_training_data_with_several_outputs():
             expected = _single(model, X, Y, None, j, member=(b,)).posterior(X_star)
             torch.testing.assert_close(posterior.mean[b, :, j], expected.mean[:, 0], **TOL)
             torch.testing.assert_close(posterior.variance[b, :, j], expected.variance[:, 0], **TOL)
+    # One output of every member: a batch of single-output models.
+    subset = model.subset_output([1])
+    assert subset.batch_shape == (2,) and subset.num_outputs == 1
+    part = subset.posterior(X_star)
+    torch.testing.assert_close(part.mean, posterior.mean[..., [1]], **TOL)
+    torch.testing.assert_close(part.variance, posterior.variance[..., [1]], **TOL)
     # A noise tensor of BoTorch's b x t x 1 layout: the same noise for every output of a
     # member, member by member (it once landed on the outputs' dimension).
     noise = torch.rand(2, 5, 1, dtype=DT)

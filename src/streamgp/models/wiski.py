@@ -504,10 +504,12 @@ class WiskiGP(
                 else torch.Size([num_outputs] if num_outputs > 1 else [])
             )
         elif type(mean_module) is ConstantMean:
-            if mean_module.constant.numel() not in (1, num_outputs):
+            allowed = {1, num_outputs, member_batch.numel()}
+            if mean_module.constant.numel() not in allowed:
                 raise ValueError(
                     f"mean_module's ConstantMean has {mean_module.constant.numel()} constants; "
-                    f"pass one, or one per output ({num_outputs})."
+                    f"pass one, one per output ({num_outputs}) or one per batch member and "
+                    f"output ({member_batch.numel()})."
                 )
         elif type(mean_module) is not ZeroMean:
             raise ValueError(
