@@ -7,8 +7,13 @@ done once for all outputs; only
 ``W^T y``, ``y^T y`` and the means are per output. k single-output models (what a
 ``ModelListGP`` holds) do all of it k times.
 
+The default mode (``layout`` "members": each output its own kernel and noise, as
+``SingleTaskGP``) holds the outputs as batch members on one grid: every factor is per
+output, as for k single-output models, but in one batched call.
+
 For d = 3, a 10^3 grid, fixed hyperparameters and k = 1, 2, 4, 8 outputs, at n = 100
-(data space) and n = 3000 (grid space), each timed as the median of ``--repeats``:
+(data space; members: grid space) and n = 3000 (grid space), each timed as the median of
+``--repeats``:
 
 - ``mll_grad``: one marginal-likelihood value and gradient (all outputs);
 - ``first_posterior``: the first prediction at 16 points after building (factorisation);
@@ -48,15 +53,17 @@ def data(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return X, Y
 
 
-def build(X: torch.Tensor, Y: torch.Tensor) -> WiskiGP:
+def build(X: torch.Tensor, Y: torch.Tensor, shared: bool = True) -> WiskiGP:
+    k = Y.shape[-1]
+    members = {} if shared or k == 1 else {"batch_shape": torch.Size([k])}
     model = WiskiGP(
         X,
         Y,
         grid_size=GRID,
-        covar_module=RBFKernel(ard_num_dims=D),
+        covar_module=RBFKernel(ard_num_dims=D, **members),
         outcome_transform=None,
         mean_module=ZeroMean(),
-        shared_hyperparameters=True,  # the mode measured here (k = 1 ignores it)
+        shared_hyperparameters=shared,  # (k = 1 ignores it)
     )
     model.covar_module.lengthscale = 0.3
     model.likelihood.noise = 0.01
@@ -64,8 +71,8 @@ def build(X: torch.Tensor, Y: torch.Tensor) -> WiskiGP:
 
 
 def models_for(X: torch.Tensor, Y: torch.Tensor, layout: str) -> list[WiskiGP]:
-    if layout == "multi":
-        return [build(X, Y)]
+    if layout in ("multi", "members"):
+        return [build(X, Y, shared=layout == "multi")]
     return [build(X, Y[:, j : j + 1]) for j in range(Y.shape[-1])]
 
 
@@ -78,7 +85,7 @@ def predict(models: list[WiskiGP], Xs: torch.Tensor) -> None:
 def mll_grad(models: list[WiskiGP]) -> None:
     for model in models:
         value, _ = model.fit_objective()
-        value.backward()
+        value.sum().backward()  # (members: one value per output)
 
 
 def measure(n: int, k: int, layout: str, repeats: int, steps: int) -> dict:
@@ -98,7 +105,7 @@ def measure(n: int, k: int, layout: str, repeats: int, steps: int) -> dict:
         X_new, Y_new = data(1, k)
         start = time.perf_counter()
         for j, model in enumerate(models):
-            model.observe(X_new, Y_new if layout == "multi" else Y_new[:, j : j + 1])
+            model.observe(X_new, Y_new if len(models) == 1 else Y_new[:, j : j + 1])
         predict(models, Xs)
         stream.append(time.perf_counter() - start)
     row["stream_step_ms"] = 1e3 * statistics.mean(stream)
@@ -118,7 +125,7 @@ def main() -> None:
     rows = []
     for n in (100, 3000):
         for k in OUTPUTS:
-            for layout in ("multi", "singles") if k > 1 else ("multi",):
+            for layout in ("multi", "members", "singles") if k > 1 else ("multi",):
                 row = measure(n, k, layout, args.repeats, args.steps)
                 rows.append(row)
                 print(row, flush=True)

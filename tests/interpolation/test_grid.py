@@ -83,6 +83,27 @@ def test_sparse_products_match_dense():
     assert torch.allclose(W2.weighted_gram(w), W2.to_dense().T @ torch.diag(w) @ W2.to_dense())
 
 
+@pytest.mark.parametrize("gather_limit", [2**24, 1], ids=["gathered", "sparse"])
+def test_one_set_of_rows_against_a_batch_of_matrices_matches_dense(monkeypatch, gather_limit):
+    # Each output's root of a model whose outputs are batch members: the rows are shared,
+    # the gathered (index_select) and the side-by-side sparse products are each member's.
+    monkeypatch.setattr(
+        type(make().weights(torch.rand(1, 2, dtype=DTYPE))), "GATHER_LIMIT", gather_limit
+    )
+    interp = make()
+    W = interp.weights(torch.rand(5, 2, dtype=DTYPE))
+    R = torch.randn(3, interp.num_grid, 7, dtype=DTYPE, requires_grad=True)
+    out = W.matmul(R)
+    assert out.shape == (3, 5, 7)
+    expected = W.to_dense() @ R
+    assert torch.allclose(out, expected)
+    (grad,) = torch.autograd.grad(out.square().sum(), R)
+    (expected_grad,) = torch.autograd.grad(expected.square().sum(), R)
+    assert torch.allclose(grad, expected_grad)
+    lifted = interp.weights(torch.rand(1, 5, 2, dtype=DTYPE))  # a size-one batch of rows
+    assert torch.allclose(lifted.matmul(R), lifted.to_dense() @ R)
+
+
 def test_bounds_check_names_argument_and_tolerates_roundoff():
     interp = make()
     interp.check_inside(torch.tensor([[1.0 + 1e-9, 0.0]], dtype=DTYPE), "X")

@@ -168,10 +168,28 @@ class InterpolationWeights:
         """
         k = self.indices.shape[-1]
         p = rhs.shape[-1]
+        if (
+            rhs.dim() > 2
+            and self.batch_shape.numel() == 1
+            and self.indices.numel() * rhs.shape[:-1].numel() // rhs.shape[-2] * p
+            > self.GATHER_LIMIT
+        ):
+            # One set of rows against a batch of matrices (each output's root): the batch
+            # side by side as columns of one sparse product, never N x k x p per member.
+            rhs_batch, m = rhs.shape[:-2], rhs.shape[-2]
+            columns = rhs.reshape(-1, m, p).transpose(0, 1).reshape(m, -1)
+            out = self._sparse_matmul(self.indices.reshape(-1, k), columns)
+            out = out.reshape(-1, rhs_batch.numel(), p).transpose(0, 1)
+            batch = torch.broadcast_shapes(self.batch_shape, rhs_batch)
+            return out.reshape(*rhs_batch, self.num_rows, p).expand(*batch, self.num_rows, p)
         if rhs.dim() > 2 or self.indices.numel() * p <= self.GATHER_LIMIT:
             batch = torch.broadcast_shapes(self.batch_shape, rhs.shape[:-2])
             if rhs.dim() == 2:  # one shared rhs: index its rows directly
                 rows = rhs[self.indices]
+            elif self.batch_shape.numel() == 1:  # one set of rows for a batch of rhs
+                flat = self.indices.reshape(-1)
+                rows = rhs.index_select(-2, flat).reshape(*rhs.shape[:-2], self.num_rows, k, p)
+                rows = rows.expand(*batch, self.num_rows, k, p)
             else:
                 idx = self.indices.expand(*batch, self.num_rows, k).reshape(*batch, -1, 1)
                 rows = rhs.expand(*batch, *rhs.shape[-2:]).gather(
@@ -181,7 +199,13 @@ class InterpolationWeights:
             values = self.values if self.values.dtype == rhs.dtype else self.values.to(rhs.dtype)
             # One batched product (views around a bmm), the k gathered rows per point.
             return torch.einsum("...k,...kp->...p", values, rows)
-        flat_idx = self.indices.reshape(-1, k)
+        out = self._sparse_matmul(self.indices.reshape(-1, k), rhs)
+        return out.reshape(*self.batch_shape, self.num_rows, p)
+
+    def _sparse_matmul(self, flat_idx: Tensor, rhs: Tensor) -> Tensor:
+        r"""``W @ rhs`` through a sparse product, ``O(N p)`` memory: ``flat_idx`` the
+        ``N x k`` indices of every row (the batch flattened), ``rhs`` one ``m x p``."""
+        k = flat_idx.shape[-1]
         rows = torch.arange(flat_idx.shape[0], device=rhs.device).repeat_interleave(k)
         sparse = torch.sparse_coo_tensor(
             torch.stack([rows, flat_idx.reshape(-1)]),
@@ -189,8 +213,7 @@ class InterpolationWeights:
             size=(flat_idx.shape[0], self.num_grid),
             check_invariants=False,
         )
-        out = torch.sparse.mm(sparse, rhs)
-        return out.reshape(*self.batch_shape, self.num_rows, p)
+        return torch.sparse.mm(sparse, rhs)
 
     def cat(self, other: InterpolationWeights) -> InterpolationWeights:
         r"""Rows of ``self`` followed by the rows of ``other`` (batch dims broadcast)."""
