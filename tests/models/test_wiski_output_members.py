@@ -173,6 +173,8 @@ def test_batched_training_data_with_several_outputs():
             expected = _single(model, X, Y, None, j, member=(b,)).posterior(X_star)
             torch.testing.assert_close(posterior.mean[b, :, j], expected.mean[:, 0], **TOL)
             torch.testing.assert_close(posterior.variance[b, :, j], expected.variance[:, 0], **TOL)
+    with pytest.raises(RuntimeError, match="trailing batch dimensions of X"):
+        model.posterior(torch.rand(3, 5, 2, dtype=DT))  # a batch of 3 against 2 members
     # One output of every member: a batch of single-output models.
     subset = model.subset_output([1])
     assert subset.batch_shape == (2,) and subset.num_outputs == 1

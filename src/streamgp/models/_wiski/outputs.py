@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from botorch.models.utils import add_output_dim
 from gpytorch.means import ConstantMean
 from torch import Tensor
 
@@ -54,7 +55,9 @@ class OutputsMixin:
         r"""The latent posterior at transformed inputs ``X_t``; outputs with their own
         hyperparameters predict as batch members (``... x k x t``), which the posterior's
         assembly lays out as BoTorch's ``t x k``."""
-        return self(X_t.unsqueeze(-3) if self._output_members else X_t)
+        if self._output_members:  # (BoTorch's check of X's batch against the inputs')
+            X_t, _ = add_output_dim(X_t, self._input_batch_shape)
+        return self(X_t)
 
     def _targets(self, Y: Tensor) -> Tensor:
         r"""``... x q x k`` targets in the layout of the algebra: ``... x q`` for one
