@@ -112,8 +112,8 @@ class PriorVarianceCorrection:
         # One dense factor: the prior "posterior" N(0, L L^T) of the grid values, whose
         # interpolated variances reuse GridPosterior's sparse / cached-K_UU choice.
         self._prior = None
-        if len(root.factors) == 1 or root.batch_shape:  # (a batch of roots: dense)
-            L = root.factors[0] if len(root.factors) == 1 else root.to_dense()
+        if len(root.factors) == 1:
+            L = root.factors[0]
             self._prior = GridPosterior(root=L, mean=L.new_zeros(L.shape[:-1]))
         # Axes of one size (the default grids): the 4 x 4 blocks of their small kernel
         # matrices K_i = L_i L_i^T that a point's four neighbours on each axis span, for
@@ -122,12 +122,17 @@ class PriorVarianceCorrection:
         # few operations per call, whatever d is).
         self._axis_blocks = None
         if self._prior is None and len({f.shape[-1] for f in root.factors}) == 1:
-            self._axis_blocks = _axis_blocks(torch.stack([f @ f.mT for f in root.factors]))
-            # (axis i's block of a point is _axis_blocks[i, base_i]: ``d x 1`` against the
-            # rows' ``... x t x d x 1`` bases)
-            self._axis_index = torch.arange(
-                len(root.factors), device=self._axis_blocks.device
-            ).unsqueeze(-1)
+            # A batch of roots (one per batch member: B = prod(batch)) has B blocks per
+            # axis and position; an unbatched root has one (B = 1).
+            batch = root.batch_shape
+            kernels = torch.stack([(f @ f.mT).reshape(-1, *f.shape[-2:]) for f in root.factors])
+            self._axis_blocks = _axis_blocks(kernels)  # d x B x (g - 2) x 4 x 4
+            device = self._axis_blocks.device
+            # (axis i's block of a point of member b is _axis_blocks[i, b, base_i]: ``d x 1``
+            # and ``batch x 1 x 1 x 1`` against the rows' ``... x batch x t x d x 1`` bases)
+            self._axis_index = torch.arange(len(root.factors), device=device).unsqueeze(-1)
+            members = torch.arange(batch.numel(), device=device)
+            self._member_index = members.reshape(*batch, 1, 1, 1) if batch else members[0]
 
     def interpolated(self, weights) -> Tensor:
         r"""SKI's prior variance ``w(x)^T L L^T w(x)`` of every row (``batch x t``)."""
@@ -143,7 +148,7 @@ class PriorVarianceCorrection:
         base, values, _ = axis_rows
         blocks = self._axis_blocks
         values = values if values.dtype == blocks.dtype else values.to(blocks.dtype)
-        block = blocks[self._axis_index, base]  # ... x t x d x 1 x 4 x 4
+        block = blocks[self._axis_index, self._member_index, base]  # ... x t x d x 1 x 4 x 4
         return product(torch.einsum("...di,...dzij,...dj->...d", values, block, values), -1)
 
     def exact(self, X: Tensor) -> Tensor:
@@ -178,13 +183,14 @@ class PriorVarianceCorrection:
 
 
 def _axis_blocks(kernels: Tensor) -> Tensor:
-    r"""``blocks[i, b] = kernels[i, b-1 : b+3, b-1 : b+3]`` for ``d x g x g`` ``kernels``:
-    the ``d x (g - 2) x 4 x 4`` blocks of every axis' kernel matrix that cubic
-    interpolation's four neighbours ``b - 1 .. b + 2`` span (``b`` in ``[1, g - 3]``;
-    row ``0`` is unused, so that a point's ``base`` indexes its block directly)."""
-    windows = kernels.unfold(-2, 4, 1).unfold(-2, 4, 1)  # d x (g-3) x (g-3) x 4 x 4
-    blocks = windows.diagonal(dim1=1, dim2=2).permute(0, 3, 1, 2)  # d x (g-3) x 4 x 4
-    return torch.cat([blocks[:, :1], blocks], dim=1).contiguous()
+    r"""``blocks[..., b] = kernels[..., b-1 : b+3, b-1 : b+3]`` for ``... x g x g``
+    ``kernels`` (one per axis and batch member): the ``... x (g - 2) x 4 x 4`` blocks of
+    every kernel matrix that cubic interpolation's four neighbours ``b - 1 .. b + 2`` span
+    (``b`` in ``[1, g - 3]``; row ``0`` is unused, so that a point's ``base`` indexes its
+    block directly)."""
+    windows = kernels.unfold(-2, 4, 1).unfold(-2, 4, 1)  # ... x (g-3) x (g-3) x 4 x 4
+    blocks = windows.diagonal(dim1=-4, dim2=-3).movedim(-1, -3)  # ... x (g-3) x 4 x 4
+    return torch.cat([blocks[..., :1, :, :], blocks], dim=-3).contiguous()
 
 
 def root_covariance(root: Tensor, diagonal: Tensor | None = None) -> LinearOperator:
