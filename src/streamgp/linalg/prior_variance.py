@@ -126,13 +126,18 @@ class PriorVarianceCorrection:
             # axis and position; an unbatched root has one (B = 1).
             batch = root.batch_shape
             kernels = torch.stack([(f @ f.mT).reshape(-1, *f.shape[-2:]) for f in root.factors])
-            self._axis_blocks = _axis_blocks(kernels)  # d x B x (g - 2) x 4 x 4
-            device = self._axis_blocks.device
-            # (axis i's block of a point of member b is _axis_blocks[i, b, base_i]: ``d x 1``
-            # and ``batch x 1 x 1 x 1`` against the rows' ``... x batch x t x d x 1`` bases)
+            blocks = _axis_blocks(kernels)  # d x B x (g - 2) x 4 x 4
+            device = blocks.device
+            # (axis i's block of a point is _axis_blocks[i, base_i], of member b's point
+            # _axis_blocks[i, b, base_i]: ``d x 1`` and ``batch x 1 x 1 x 1`` against the
+            # rows' ``... x batch x t x d x 1`` bases)
+            self._axis_blocks = blocks if batch else blocks[:, 0]
             self._axis_index = torch.arange(len(root.factors), device=device).unsqueeze(-1)
-            members = torch.arange(batch.numel(), device=device)
-            self._member_index = members.reshape(*batch, 1, 1, 1) if batch else members[0]
+            self._member_index = (
+                torch.arange(batch.numel(), device=device).reshape(*batch, 1, 1, 1)
+                if batch
+                else None
+            )
 
     def interpolated(self, weights) -> Tensor:
         r"""SKI's prior variance ``w(x)^T L L^T w(x)`` of every row (``batch x t``)."""
@@ -148,7 +153,10 @@ class PriorVarianceCorrection:
         base, values, _ = axis_rows
         blocks = self._axis_blocks
         values = values if values.dtype == blocks.dtype else values.to(blocks.dtype)
-        block = blocks[self._axis_index, self._member_index, base]  # ... x t x d x 1 x 4 x 4
+        if self._member_index is None:
+            block = blocks[self._axis_index, base]  # ... x t x d x 1 x 4 x 4
+        else:
+            block = blocks[self._axis_index, self._member_index, base]
         return product(torch.einsum("...di,...dzij,...dj->...d", values, block, values), -1)
 
     def exact(self, X: Tensor) -> Tensor:
