@@ -254,6 +254,35 @@ def test_regrid_equals_a_model_built_on_all_data(fixed_noise):
         assert torch.equal(restored.posterior(X_test).mean, model.posterior(X_test).mean)
 
 
+@pytest.mark.parametrize("fixed_noise", [False, True], ids=["learned-noise", "fixed-noise"])
+def test_a_fantasy_beyond_the_grids_equals_observing_it_and_leaves_the_model_alone(fixed_noise):
+    # qKG / qNIPV candidates past the data's box under Normalize(4): conditioned on the
+    # same data on grids grown over them, which is what observing them re-grids to.
+    X, Y = _data(30)
+    X = 2 + 3 * X
+    Yvar = torch.full_like(Y, 0.01) if fixed_noise else None
+    model = _model(X, Y, Yvar, groups=[[0, 1], [2], [3]], input_transform=Normalize(4))
+    X_out = torch.tensor([[1.0, 3.0, 3.0, 3.0], [4.0, 7.5, 3.0, 0.5]], dtype=DT)
+    Y_out = torch.sin(X_out).sum(-1, keepdim=True)
+    # The fantasy rows' noise: given (fixed noise; no outcome transform here) or the
+    # learned level (which observing them uses too).
+    noise = torch.full_like(Y_out, 0.02) if fixed_noise else None
+    X_test = torch.tensor([[1.5, 3.0, 4.0, 1.0], [3.0, 7.0, 2.5, 4.5]], dtype=DT)
+    before = model.posterior(X_test)
+    bounds = model.interpolation.bounds.clone()
+    fantasy = model.condition_on_observations(X_out, Y_out, noise=noise)
+    assert torch.equal(model.interpolation.bounds, bounds)
+    after = model.posterior(X_test)
+    assert torch.equal(after.mean, before.mean) and torch.equal(after.variance, before.variance)
+    observed = copy.deepcopy(model)
+    observed.observe(X_out, Y_out, noise)
+    assert torch.equal(fantasy.interpolation.bounds, observed.interpolation.bounds)
+    with torch.no_grad():
+        a, b = fantasy.posterior(X_test), observed.posterior(X_test)
+    assert torch.allclose(a.mean, b.mean, atol=1e-10, rtol=0)
+    assert torch.allclose(a.variance, b.variance, atol=1e-10, rtol=0)
+
+
 def test_small_n_is_kept_in_data_space_up_to_a_quarter_of_the_grid():
     # Data space is the same model (test_equals_dense_additive_ski), with a marginal
     # likelihood in O(n^2 m) instead of O(m^3): the default keeps rows up to m // 4.
