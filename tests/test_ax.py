@@ -196,3 +196,21 @@ def test_a_client_with_the_streaming_strategy_saves_and_loads(tmp_path):
     assert surrogate.num_updates == 2
     assert surrogate.model.num_train == NUM_INITIAL + 4
     assert len(loaded._experiment.trials) == NUM_INITIAL + 5
+
+
+def test_several_metrics_on_the_same_points_get_a_model_list():
+    # WiskiGP is a BatchedMultiOutputGPyTorchModel (SingleTaskGP's layout for several
+    # outputs), which Ax would batch over metrics; it asks for a ModelListGP instead: one
+    # single-output model per metric, in data space while n is small.
+    from ax.core.search_space import SearchSpaceDigest
+    from ax.generators.torch.botorch_modular.utils import use_model_list
+    from botorch.utils.datasets import SupervisedDataset
+
+    X = torch.rand(10, 2, dtype=torch.float64)
+    datasets = [
+        SupervisedDataset(X, X[:, :1] + i, feature_names=["x0", "x1"], outcome_names=[f"y{i}"])
+        for i in range(2)
+    ]
+    digest = SearchSpaceDigest(feature_names=["x0", "x1"], bounds=[(0.0, 1.0)] * 2)
+    configs = [ModelConfig(botorch_model_class=WiskiGP)]
+    assert use_model_list(datasets, digest, model_configs=configs)

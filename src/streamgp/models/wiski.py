@@ -364,6 +364,10 @@ class WiskiGP(
         >>> posterior = model.posterior(torch.rand(5, 2, dtype=torch.float64))
     """
 
+    #: Ax's switch: several metrics get a ``ModelListGP`` of single-output models (each
+    #: its own hyperparameters, as a batched model would give them, but in data space
+    #: while ``n`` is small and with deferred updates), not one batched model.
+    _supports_batched_models = False
     #: The outputs the algebra carries per row (``train_Y``'s columns when they share the
     #: hyperparameters, else 1: see :attr:`_output_members`).
     _num_outputs = 1
