@@ -643,3 +643,17 @@ def test_fixed_noise_views_have_their_own_likelihood():
     assert fantasy_noise.shape == (3, 16)
     assert torch.equal(fantasy_noise[:, 12:], noise.mean().expand(3, 4))
     assert torch.equal(model.likelihood.noise, noise)
+
+
+def test_the_default_grid_keeps_its_budget_in_four_dimensions():
+    # Every KissGP prediction works on the grid, so its default is the point budget in any
+    # d (WiskiGP's per-unit default for its data space gave 35^4 = 1.5M points here, and a
+    # prediction or a fantasy needed tens of GB).
+    generator = torch.Generator().manual_seed(0)
+    X = torch.rand(30, 4, dtype=DTYPE, generator=generator)
+    model = KissGP(X, target(X[:, :2]))
+    assert model.interpolation.num_grid <= 1024 and not model.structured
+    assert model.posterior(X[:3]).mean.shape == (3, 1)
+    X_f = torch.rand(2, 4, dtype=DTYPE, generator=generator)
+    fantasy = model.condition_on_observations(X_f, target(X_f[:, :2]))
+    assert fantasy.posterior(X[:3]).mean.shape == (3, 1)

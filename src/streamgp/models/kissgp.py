@@ -230,7 +230,8 @@ class KissGP(
         train_Yvar: Optional ``n x 1`` observed noise variances (fixed heteroskedastic
             noise; ``observe`` then requires ``Yvar``). Otherwise the noise is learned.
         grid_size: Grid points per dimension (int or one per dimension), including the
-            one-spacing padding beyond ``grid_bounds``. Default: about 1024 in total.
+            one-spacing padding beyond ``grid_bounds``. Default: about 1024 in total (4096
+            on CUDA), in any ``d`` (at least 4 per axis).
         grid_bounds: ``2 x d`` box covered by the grid, in the transformed input space.
             Default: the unit cube (the search space of inputs normalised with
             ``Normalize(d, bounds=bounds)``, or already in it); with an input transform
@@ -392,6 +393,7 @@ class KissGP(
             self.MAX_DENSE_GRID,
             follow_data=True,
             around_data=learns_input_coefficients(input_transform),
+            budget_grid=True,  # (every prediction works on the grid: no per-unit default)
         )
         self.mean_module = mean_module_or_default(mean_module, train_X)
         self.covar_module = SKIKernel(covar_module, self.interpolation).to(**tkwargs)
@@ -434,7 +436,13 @@ class KissGP(
         Returns ``(interpolation, structured, kernel)`` for :meth:`_set_grid`.
         """
         interpolation, structured = build_grid(
-            bounds, bounds[:0], bounds, grid_size, self.base_kernel, self.MAX_DENSE_GRID
+            bounds,
+            bounds[:0],
+            bounds,
+            grid_size,
+            self.base_kernel,
+            self.MAX_DENSE_GRID,
+            budget_grid=True,
         )
         # A new kernel module (sharing the base kernel and its hyperparameters) rather
         # than the old one changed in place: views (condition_on_observations) share the

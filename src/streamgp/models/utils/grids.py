@@ -43,7 +43,11 @@ class HighDimensionalGridWarning(UserWarning):
 
 
 def default_grid_size(
-    dim: int, bounds: Tensor | None = None, device: torch.device | str | None = None
+    dim: int,
+    bounds: Tensor | None = None,
+    device: torch.device | str | None = None,
+    *,
+    per_unit_from_dim: float = CubicGridInterpolation.FACTORED_FROM_DIM,
 ) -> list[int]:
     r"""Default points per dimension: about the device's budget in total, spaced evenly.
 
@@ -53,9 +57,10 @@ def default_grid_size(
     ``g_i = extent_i / h`` with ``prod_i g_i`` about the budget, each between 4 and 256.
     Pass ``grid_size`` to a model to choose the grid yourself.
 
-    In ``d >= 4`` dimensions (where the model stays in data space, see
-    :class:`WiskiGP`) every axis gets ``HIGH_DIM_POINTS_PER_UNIT`` points per unit of
-    extent (plus the padding) instead of a share of a total budget.
+    In ``d >= per_unit_from_dim`` (4) dimensions, where ``WiskiGP`` stays in data space,
+    every axis gets ``HIGH_DIM_POINTS_PER_UNIT`` points per unit of extent (plus the
+    padding) instead of a share of a total budget; a model whose every prediction works
+    on the grid (``KissGP``) keeps the budget in any ``d``.
 
     Example:
         >>> default_grid_size(3)
@@ -71,7 +76,7 @@ def default_grid_size(
         extents = [1.0] * dim
     else:
         extents = [max(float(e), 1e-12) for e in (bounds[1] - bounds[0]).tolist()]
-    if dim >= CubicGridInterpolation.FACTORED_FROM_DIM:  # data space: axes cost apart
+    if dim >= per_unit_from_dim:  # data space: axes cost apart
         spacing = 1.0 / HIGH_DIM_POINTS_PER_UNIT
         return [int(min(256, max(4, math.ceil(e / spacing - 1e-9) + 3))) for e in extents]
     spacing = (math.prod(extents) / budget) ** (1.0 / dim)
@@ -88,6 +93,7 @@ def build_grid(
     *,
     follow_data: bool = False,
     around_data: bool = False,
+    budget_grid: bool = False,
 ) -> tuple[CubicGridInterpolation, bool]:
     r"""The grid of an SKI model and whether it is too large for a dense root.
 
@@ -105,6 +111,8 @@ def build_grid(
             False: the default box is the unit cube and data outside the box are refused.
         around_data: The inputs were normalised from these data (see
             :func:`~streamgp.interpolation.grid.data_grid_bounds`).
+        budget_grid: The default size spreads the point budget in any ``d`` (a model
+            without a data space), never points per unit of extent.
 
     Returns:
         The grid interpolation and ``structured`` (``m > max_dense_grid``).
@@ -124,7 +132,14 @@ def build_grid(
             grid_bounds = grid_bounds if grown is None else grown
     interpolation = CubicGridInterpolation(
         grid_bounds,
-        default_grid_size(dim, grid_bounds, train_X.device) if grid_size is None else grid_size,
+        default_grid_size(
+            dim,
+            grid_bounds,
+            train_X.device,
+            per_unit_from_dim=math.inf if budget_grid else CubicGridInterpolation.FACTORED_FROM_DIM,
+        )
+        if grid_size is None
+        else grid_size,
     )
     interpolation.check_inside(transformed_X, "train_X")
     m = interpolation.num_grid
