@@ -171,8 +171,7 @@ class InterpolationWeights:
         if (
             rhs.dim() > 2
             and self.batch_shape.numel() == 1
-            and self.indices.numel() * rhs.shape[:-1].numel() // rhs.shape[-2] * p
-            > self.GATHER_LIMIT
+            and self.indices.numel() * rhs.shape[:-2].numel() * p > self.GATHER_LIMIT
         ):
             # One set of rows against a batch of matrices (each output's root): the batch
             # side by side as columns of one sparse product, never N x k x p per member.

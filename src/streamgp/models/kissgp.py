@@ -885,13 +885,14 @@ class KissGP(
         """
         check_conditioning_data(X, Y, noise, like=self.train_targets, dim=self.interpolation.dim)
         X_t, Y_t, _ = transform_new_data(self, X, Y)
-        if not self._conditioning_log and not skip_value_checks.on():
+        if self._conditioning_log or skip_value_checks.on():
+            self.interpolation.check_inside(X_t, "X")  # (a view keeps no data of its own)
+        else:  # (NaN was refused above; grown_grid_bounds is check_inside's own test)
             # Beyond the grid: the same data on a grid grown over X (this model keeps
             # its grid, so its predictions do not move under an acquisition's search).
             sibling = self._regridded_sibling(X_t.detach())
             if sibling is not None:
                 return sibling.condition_on_observations(X, Y, noise, **kwargs)
-        self.interpolation.check_inside(X_t, "X")
         posterior = self.grid_posterior()
         y = Y_t.squeeze(-1)
         noise_q = conditioning_noise(noise, self, X)

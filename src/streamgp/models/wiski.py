@@ -544,9 +544,6 @@ class WiskiGP(
         super().__init__()
         self._data_batch_shape = member_batch
         self._output_members = output_members
-        # BoTorch's names for the two batch shapes (its independent per-member fits read
-        # _aug_batch_shape): the inputs', and theirs with the outputs' member dimension.
-        self._input_batch_shape, self._aug_batch_shape = data_batch, member_batch
         self.extrapolation = extrapolation
         self.exact_prior_variance = exact_prior_variance
         self._num_outputs = 1 if output_members else num_outputs

@@ -33,10 +33,17 @@ class OutputsMixin:
         return self._output_members or self._num_outputs
 
     @property
-    def _public_batch_shape(self) -> torch.Size:
-        r"""``train_X``'s batch dimensions (without the outputs' member dimension)."""
+    def _input_batch_shape(self) -> torch.Size:
+        r"""``train_X``'s batch dimensions (BoTorch's name; without the outputs' member
+        dimension)."""
         batch = self._data_batch_shape
         return batch[:-1] if self._output_members else batch
+
+    @property
+    def _aug_batch_shape(self) -> torch.Size:
+        r"""Every batch member: ``train_X``'s batch, then the outputs with their own
+        hyperparameters (BoTorch's name; its independent per-member fits read it)."""
+        return self._data_batch_shape
 
     def _outputs_to_members(
         self, X: Tensor, Y: Tensor | None = None, Yvar: Tensor | None = None

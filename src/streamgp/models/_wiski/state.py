@@ -139,7 +139,7 @@ class CheckpointStateMixin:
             "keep_data": self.observations is not None,
             "grid_size": [int(g) for g in self.interpolation.grid_size],
             # train_X's batch dimensions: one model per member (every tensor has them).
-            "batch_shape": [int(b) for b in self._public_batch_shape],
+            "batch_shape": [int(b) for b in self._input_batch_shape],
             "shared_hyperparameters": self._num_outputs > 1,
         }
 

@@ -67,7 +67,7 @@ class UpdatesMixin:
                 dim=self.interpolation.dim,
                 fixed_noise=self.fixed_noise,
                 num_outputs=self.num_outputs,
-                batch_shape=self._public_batch_shape,
+                batch_shape=self._input_batch_shape,
             )
             q = X.shape[-2]
             X_t, Y_t, Yvar_t = self._transform_new_data(X, Y, Yvar)
@@ -325,11 +325,14 @@ class UpdatesMixin:
         transform = getattr(self, "outcome_transform", None)
         subset_transform = None if transform is None else transform.subset_output(idcs).eval()
         Y_t, Yvar_t = (Y, Yvar) if subset_transform is None else subset_transform(Y, Yvar)
+        # (A fixed-noise likelihood is the rows' noise, bound to this model: the new model
+        # binds its own.)
+        names = ("covar_module", "mean_module") + (() if self.fixed_noise else ("likelihood",))
         modules = {
             name: subset_member_parameters(
                 copy.deepcopy(getattr(self, name)), idcs, self._data_batch_shape
             )
-            for name in ("covar_module", "mean_module", "likelihood")
+            for name in names
         }
         input_transform = getattr(self, "input_transform", None)
         with torch.no_grad():
@@ -337,7 +340,7 @@ class UpdatesMixin:
                 X,
                 Y_t,
                 Yvar_t,
-                likelihood=None if self.fixed_noise else modules["likelihood"],
+                likelihood=modules.get("likelihood"),
                 covar_module=modules["covar_module"],
                 mean_module=modules["mean_module"],
                 outcome_transform=None,
