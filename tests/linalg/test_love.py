@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from streamgp.linalg import love
 from streamgp.linalg.love import (
+    _cholesky_qr,
     block_lanczos,
     block_lanczos_root,
     lanczos,
@@ -210,3 +212,52 @@ def test_block_lanczos_root_is_the_nystrom_root_of_its_basis(case):
         assert res.residual_trace <= tol * M.trace()
     if tol == 0 and max_rank is None:
         assert (R @ R.T - M).abs().max() <= 1e-9 * scale
+
+
+def test_cholesky_qr_factors_well_conditioned_blocks_and_flags_the_rest():
+    """CholeskyQR2: V = R^T Q with orthonormal rows Q and upper-triangular R, trusted
+    while V is far from rank deficient; nearly dependent or rank-deficient blocks are
+    flagged (the caller then uses Householder QR)."""
+    torch.manual_seed(0)
+    V = torch.randn(8, 500, dtype=DTYPE) * torch.logspace(0, -3, 8, dtype=DTYPE)[:, None]
+    Q, R, trusted = _cholesky_qr(V)
+    assert bool(trusted)
+    assert torch.allclose(Q @ Q.T, torch.eye(8, dtype=DTYPE), atol=1e-14)
+    assert torch.equal(R, R.triu())
+    assert torch.allclose(R.T @ Q, V, atol=1e-14)
+    householder = torch.linalg.qr(V.T).R
+    assert torch.allclose(R.diagonal(), householder.diagonal().abs(), rtol=1e-12)
+    nearly = V.clone()
+    nearly[-1] = nearly[0] + 1e-9 * torch.randn(500, dtype=DTYPE)
+    assert not bool(_cholesky_qr(nearly)[2])
+    deficient = V.clone()
+    deficient[-1] = 0.0
+    assert not bool(_cholesky_qr(deficient)[2])
+
+
+@pytest.mark.parametrize("case", range(5))
+def test_block_lanczos_cholesky_qr_gives_the_householder_decomposition(case, monkeypatch):
+    """The fast (CholeskyQR2) next blocks give the decomposition that Householder QR
+    of every block gives: the same root and certificate, to round-off."""
+    M, tol, max_rank, block_size = _block_cases()[case]
+
+    def run():
+        return block_lanczos_root(
+            lambda V: M @ V,
+            M.trace(),
+            M.shape[0],
+            tol=tol,
+            max_rank=max_rank,
+            block_size=block_size,
+        )
+
+    fast = run()
+    untrusted = _cholesky_qr(torch.eye(2, 3, dtype=DTYPE))[2] & False
+    monkeypatch.setattr(love, "_cholesky_qr", lambda rows: (rows, rows, untrusted))
+    householder = run()
+    scale = torch.linalg.matrix_norm(M, ord=2)
+    assert fast.root.shape == householder.root.shape
+    assert (fast.root @ fast.root.T - householder.root @ householder.root.T).abs().max() <= (
+        1e-9 * scale
+    )
+    assert abs(float(fast.residual_trace - householder.residual_trace)) <= 1e-9 * float(M.trace())

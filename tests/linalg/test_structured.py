@@ -26,6 +26,7 @@ from streamgp.linalg import (
     log_marginal_likelihood,
 )
 from streamgp.linalg.structured import (
+    WhitenedStatistic,
     conjugate_gradients,
     structured_grid_posterior,
     structured_log_marginal_likelihood,
@@ -248,3 +249,26 @@ def test_large_grid_marginal_likelihood_equals_dense_within_its_gap(learned_nois
     for got, want in zip(grads, expected_grads, strict=True):
         scale = want.abs().max()
         assert (got - want).abs().max() <= 1e-7 * scale + 2 * tol * scale
+
+
+def test_nystrom_inverse_is_a_certified_inverse_of_i_plus_g():
+    """``I - B B^T = (I + G_N)^{-1}`` for a ``G_N`` with ``0 <= G_N <= G`` and
+    ``tr(G - G_N)`` the stated residual; ``log|I + G_N|`` is its log-determinant."""
+    interp, kernel, X, y, noise = setup(d=2, g=12, n=60)
+    _, A, _ = statistics(interp, X, y, noise)
+    L_K = grid_kernel_root(kernel, interp.grid)
+    operator = WhitenedStatistic(L_K, A)
+    eye = torch.eye(operator.size, dtype=DTYPE)
+    G = operator.matmul(eye)
+    G = 0.5 * (G + G.T)
+    for tol in (1e-3, 1e-9):
+        nystrom = operator.nystrom(tol)
+        inverse = nystrom.precondition(eye)
+        G_N = torch.linalg.inv(inverse) - eye
+        G_N = 0.5 * (G_N + G_N.T)
+        scale = float(torch.linalg.matrix_norm(G, ord=2))
+        assert torch.linalg.eigvalsh(G_N).min() >= -1e-8 * scale
+        assert torch.linalg.eigvalsh(G - G_N).min() >= -1e-8 * scale
+        assert abs(float((G - G_N).trace() - nystrom.residual_trace)) <= 1e-8 * scale
+        assert float(nystrom.residual_trace) <= max(tol, 1e3 * torch.finfo(DTYPE).eps * G.trace())
+        assert torch.allclose(nystrom.logdet(), torch.logdet(eye + G_N), rtol=1e-10)

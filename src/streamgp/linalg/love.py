@@ -46,6 +46,7 @@ Two choices differ from gpytorch's implementation, deliberately:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -94,9 +95,54 @@ class LanczosDecomposition:
 
 
 def _start_vector(shape: torch.Size, like: Tensor, offset: int = 0) -> Tensor:
-    """Deterministic Gaussian vectors (generated on CPU, so identical on every device)."""
+    """Deterministic Gaussian vectors (generated on CPU, so identical on every device).
+
+    The same vectors every call: cached per shape, dtype and device, since a large
+    grid's block (``64 x 32^3``) takes longer to draw on the host and copy than the rest
+    of a marginal-likelihood evaluation on a GPU. Callers never write to them.
+    """
+    return _cached_start_vector(tuple(shape), like.dtype, like.device, offset)
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_start_vector(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, offset: int
+) -> Tensor:
     generator = torch.Generator().manual_seed(START_SEED + offset)
-    return torch.randn(shape, generator=generator, dtype=like.dtype).to(like.device)
+    return torch.randn(shape, generator=generator, dtype=dtype).to(device)
+
+
+@functools.lru_cache(maxsize=4)
+def _start_block(width: int, size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """Orthonormal rows spanning the first ``width`` start vectors (cached, read-only)."""
+    start = _cached_start_vector((width, size), dtype, device, 0)
+    return torch.linalg.qr(start.mT).Q.mT.contiguous()
+
+
+def _cholesky_qr(rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    r"""QR of the ``p x m`` rows ``V = R^T Q`` by CholeskyQR2, and whether to trust it.
+
+    Two passes of ``G = V V^T = R^T R`` (a GEMM and a ``p x p`` Cholesky) and a
+    triangular solve: a few large kernels where Householder QR of a tall block runs
+    hundreds of small ones on a GPU. It is as accurate as Householder QR while
+    ``cond(V) << eps^{-1/2}``; the returned flag (a device tensor, so that the caller
+    reads it with its other checks) is false where either Cholesky failed or the
+    first factor's diagonal spans more than ``eps^{-3/8}``, and the caller then falls
+    back to Householder QR.
+    """
+    eps = torch.finfo(rows.dtype).eps
+    factors, trusted = [], None
+    Q = rows
+    for _ in range(2):
+        upper, info = torch.linalg.cholesky_ex(Q @ Q.mT, upper=True)
+        Q = torch.linalg.solve_triangular(upper.mT, Q, upper=False)
+        factors.append(upper)
+        if trusted is None:
+            diagonal = upper.diagonal()
+            trusted = (info == 0) & (diagonal.amin() > eps**0.375 * diagonal.amax())
+        else:
+            trusted = trusted & (info == 0)
+    return Q, factors[1] @ factors[0], trusted
 
 
 def _orthogonalize(v: Tensor, basis: Tensor) -> Tensor:
@@ -417,8 +463,8 @@ def block_lanczos(
     block_size = max(1, min(block_size, size // 32))
     eps = torch.finfo(trace.dtype).eps
     target = float((1.0 - tol) * trace) if tol > 0 else math.inf
-    start_block = _start_vector(torch.Size((block_size, size)), trace)[: min(block_size, limit)]
-    block = torch.linalg.qr(start_block.mT).Q.mT  # one row per vector, as all vectors below
+    # One row per vector, as all vectors below.
+    block = _start_block(block_size, size, trace.dtype, trace.device)[: min(block_size, limit)]
     # Vectors are rows (``p x m``, row-major) throughout: appending a block to the basis
     # writes contiguous rows, regrowing the buffer is one contiguous copy, and the
     # Gram-Schmidt update ``new - C Q^T`` is a GEMM with a row-major ``p x m`` output,
@@ -439,7 +485,6 @@ def block_lanczos(
             rows = torch.cat([rows[:rank], rows.new_empty(capacity - rank, size)])
         rows[rank : rank + width] = block
         start, rank = rank, rank + width
-        captured += float((block * product).sum())
         basis = rows[:rank]
         # Classical Gram-Schmidt in blocks, twice (twice is enough); the coefficients
         # of both passes are this block's column of H = Q^T M Q.
@@ -447,32 +492,56 @@ def block_lanczos(
         new, again = _remove_rows(new, basis)
         coef = (coef + again).mT
         columns.append((start, coef))
-        if captured >= target or rank >= limit:
+        if rank >= limit:
             remainders.append((start, new, torch.eye(width, dtype=new.dtype, device=new.device)))
             break
-        # Householder QR of the whole residual: new = Qn Rn exactly (to round-off).
-        Qn, Rn = torch.linalg.qr(new.mT)
-        Qn = Qn.mT
-        diagonal = Rn.diagonal().abs()
-        scale = diagonal.amax().clamp_min(torch.finfo(trace.dtype).tiny)
-        keep = diagonal > size * eps * scale
-        keep[min(block_size, limit - rank) :] = False  # at most the next block's width
-        if not bool(keep.any()):
-            # An invariant subspace: the residual is round-off (kept in N, exactly);
-            # continue from fresh directions (as lanczos_root restarts).
-            remainders.append((start, new, torch.eye(width, dtype=new.dtype, device=new.device)))
-            next_width = min(block_size, limit - rank)
-            fresh = _start_vector(torch.Size((next_width, size)), trace, offset=rank)
-            for _ in range(2):
-                fresh = _remove_rows(fresh, basis)[0]
-            block = torch.linalg.qr(fresh.mT).Q.mT  # its rows of H in this column: zero
-            continue
-        if not bool(keep.all()):
-            # Directions dropped as round-off (or beyond the rank limit) stay in N.
-            remainders.append((start, Qn[~keep], Rn[~keep]))
-        block, upper = Qn[keep], Rn[keep]
+        # The next block from the residual: new = Rn^T Qn exactly (to round-off), by
+        # CholeskyQR2 where that is accurate. Everything this step decides on is read
+        # from the device at once (one host synchronisation per block on a GPU).
+        Qn, Rn, trusted = _cholesky_qr(new)
+        next_width = min(block_size, limit - rank)
         cancelled = eps**0.5 * torch.linalg.vector_norm(product, dim=-1).amax()
-        if bool((diagonal[keep] < cancelled).any()):
+        captured_here, trusted, recancel = torch.stack(
+            [
+                (block * product).sum(),
+                trusted.to(product.dtype),
+                (Rn.diagonal()[:next_width] < cancelled).any().to(product.dtype),
+            ]
+        ).tolist()
+        captured += captured_here
+        if captured >= target:
+            remainders.append((start, new, torch.eye(width, dtype=new.dtype, device=new.device)))
+            break
+        if trusted:
+            # Every direction is far above round-off: only the rank limit drops any.
+            if next_width < width:
+                remainders.append((start, Qn[next_width:], Rn[next_width:]))
+            block, upper = Qn[:next_width], Rn[:next_width]
+        else:
+            # Nearly dependent residuals: Householder QR, dropping round-off directions.
+            Qn, Rn = torch.linalg.qr(new.mT)
+            Qn = Qn.mT
+            diagonal = Rn.diagonal().abs()
+            scale = diagonal.amax().clamp_min(torch.finfo(trace.dtype).tiny)
+            keep = diagonal > size * eps * scale
+            keep[next_width:] = False  # at most the next block's width
+            if not bool(keep.any()):
+                # An invariant subspace: the residual is round-off (kept in N, exactly);
+                # continue from fresh directions (as lanczos_root restarts).
+                remainders.append(
+                    (start, new, torch.eye(width, dtype=new.dtype, device=new.device))
+                )
+                fresh = _start_vector(torch.Size((next_width, size)), trace, offset=rank)
+                for _ in range(2):
+                    fresh = _remove_rows(fresh, basis)[0]
+                block = torch.linalg.qr(fresh.mT).Q.mT  # its rows of H in this column: zero
+                continue
+            if not bool(keep.all()):
+                # Directions dropped as round-off (or beyond the rank limit) stay in N.
+                remainders.append((start, Qn[~keep], Rn[~keep]))
+            block, upper = Qn[keep], Rn[keep]
+            recancel = bool((diagonal[keep] < cancelled).any())
+        if recancel:
             # Much cancellation (in the products or the QR): the block carries relative
             # round-off along the basis, which H = Q^T M Q assumes away; one more pass
             # restores orthogonality (block = Q c + Q2 R2, exactly).

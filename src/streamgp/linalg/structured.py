@@ -45,7 +45,6 @@ from streamgp.linalg.love import (
     DEFAULT_TOLERANCE,
     block_lanczos,
     block_lanczos_root,
-    pseudo_inverse_sqrt,
 )
 from streamgp.linalg.woodbury import (
     GridPosterior,
@@ -85,34 +84,34 @@ def conjugate_gradients(
 
 @dataclass(frozen=True)
 class NystromInverse:
-    r"""``G_N = U diag(mu) U^T <= G`` with ``tr(G - G_N) = residual_trace``.
+    r"""``G_N = Y Y^T <= G`` with ``tr(G - G_N) = residual_trace``, held by its inverse.
 
-    ``(I + G_N)^{-1} = I - U diag(shrink) U^T`` (``shrink = mu / (1 + mu)``) is the
-    preconditioner of :meth:`WhitenedStatistic.solve` and, for large grids, stands in for
-    ``(I + G)^{-1}``: the difference is positive semi-definite with trace at most
-    ``residual_trace``, and ``0 <= log|I + G| - log|I + G_N| <= residual_trace``.
+    With the Cholesky factor ``L L^T = I + Y^T Y`` (``k x k``, its eigenvalues at least
+    one) and ``B = Y L^{-T}`` (``m x k``), ``(I + G_N)^{-1} = I - B B^T`` and
+    ``log|I + G_N| = log|I + Y^T Y|``: no eigendecomposition (on a GPU an ``eigh`` of a
+    few hundred rows costs as much as the rest of a marginal likelihood). ``I - B B^T``
+    is the preconditioner of :meth:`WhitenedStatistic.solve` and, for large grids,
+    stands in for ``(I + G)^{-1}``: the difference is positive semi-definite with trace
+    at most ``residual_trace``, and ``0 <= log|I + G| - log|I + G_N| <= residual_trace``.
 
     Attributes:
-        basis: ``m x k`` orthonormal ``U``.
-        eigenvalues: ``k`` values ``mu >= 0``.
+        complement_root: ``m x k`` matrix ``B`` with ``B B^T = I - (I + G_N)^{-1}``.
+        cholesky: ``k x k`` lower factor ``L`` of ``I + Y^T Y``.
         residual_trace: ``tr(G - G_N)``.
     """
 
-    basis: Tensor
-    eigenvalues: Tensor
+    complement_root: Tensor
+    cholesky: Tensor
     residual_trace: Tensor
-
-    @property
-    def shrink(self) -> Tensor:
-        return self.eigenvalues / (1.0 + self.eigenvalues)
 
     def precondition(self, V: Tensor) -> Tensor:
         r"""``(I + G_N)^{-1} V``."""
-        return V - self.basis @ (self.shrink.unsqueeze(-1) * (self.basis.mT @ V))
+        B = self.complement_root
+        return V - B @ (B.mT @ V)
 
     def logdet(self) -> Tensor:
         r"""``log|I + G_N|``."""
-        return torch.log1p(self.eigenvalues).sum()
+        return 2.0 * self.cholesky.diagonal().log().sum()
 
 
 class WhitenedStatistic:
@@ -164,19 +163,21 @@ class WhitenedStatistic:
         asked = tol / max(trace, tol) if tol > 0 else 0.0  # tol = 0 with no data: 0
         rel = min(max(asked, 1e3 * torch.finfo(dtype).eps), 0.5)
         krylov = block_lanczos(self.matmul, self.trace, self.size, tol=rel, max_rank=max_rank)
-        # The Nystrom root is Y = Q F + N F_N (block_lanczos_root), so G_N = Y Y^T has
-        # eigenvectors Y E mu^{-1/2} with (mu, E) from Y^T Y = F^T F + F_N^T (N^T N) F_N:
-        # all k x k but one m x k x k product (Y itself is never formed).
+        # The Nystrom root is Y = Q F + N F_N (block_lanczos_root), with Gram matrix
+        # Y^T Y = F^T F + F_N^T (N^T N) F_N: all k x k but one m x k x k product (B,
+        # below; Y itself is never formed).
         F, F_N = krylov.nystrom_factors()
         N = krylov.remainder
         gram = F.mT @ F + F_N.mT @ ((N.mT @ N) @ F_N)
-        mu, E = torch.linalg.eigh(0.5 * (gram + gram.mT))
-        keep, inv_sqrt = pseudo_inverse_sqrt(mu)
-        # Orthonormal columns (zero where mu is round-off).
-        basis = krylov.expand((F @ E) * inv_sqrt, (F_N @ E) * inv_sqrt)
-        eigenvalues = torch.where(keep, mu, torch.zeros_like(mu))
+        gram = 0.5 * (gram + gram.mT)
+        L = torch.linalg.cholesky(gram + torch.eye(gram.shape[-1], dtype=dtype, device=gram.device))
+        # B = Y L^{-T} = Q (F L^{-T}) + N (F_N L^{-T}).
+        B = krylov.expand(
+            torch.linalg.solve_triangular(L, F.mT, upper=False).mT,
+            torch.linalg.solve_triangular(L, F_N.mT, upper=False).mT,
+        )
         residual = (self.trace - gram.diagonal().sum()).clamp_min(0.0)  # tr(G) - |Y|_F^2
-        return NystromInverse(basis, eigenvalues, residual)
+        return NystromInverse(B, L, residual)
 
     def solve(self, rhs: Tensor, nystrom: NystromInverse, rtol: float | None = None) -> Tensor:
         r"""``(I + G)^{-1} rhs`` by CG preconditioned with ``(I + G_N)^{-1}``.
@@ -251,7 +252,7 @@ def structured_grid_posterior(
     # Sigma_1 = K - Z Z^T, with Z^T kept row-major: block_lanczos passes blocks as
     # transposed row-major p x m arrays and wants them back so, and "- C^T Z^T" into
     # a row-major p x m output is a GEMM about twice as fast as "- Z C" into m x p.
-    Z_t = L_K.matmul(nystrom.basis * nystrom.shrink.sqrt()).mT.contiguous()
+    Z_t = L_K.matmul(nystrom.complement_root).mT.contiguous()
 
     # Step 2: Nystrom root of Sigma_1.
     def sigma1(V: Tensor) -> Tensor:
@@ -290,21 +291,20 @@ class _NystromLogdetMinusQuad(torch.autograd.Function):
         z = precision * L_K.t_matmul(b.unsqueeze(-1))
         u = operator.solve(z, nystrom)
         z, u = z.mT, u.mT  # one row per output, as the dense path keeps them
-        ctx.save_for_backward(u, z, precision, nystrom.basis, nystrom.shrink, *factors)
+        ctx.save_for_backward(u, z, precision, nystrom.complement_root, *factors)
         ctx.single = True
         ctx.gap = nystrom.residual_trace
         return nystrom.logdet() - (z * u).sum()
 
     @staticmethod
     def backward(ctx, grad):
-        u, z, precision, basis, shrink, *factors = ctx.saved_tensors
+        u, z, precision, B, *factors = ctx.saved_tensors
         sizes = [f.shape[-1] for f in factors]
-        # I - (I + G_N)^{-1} = U diag(shrink) U^T: its partial traces are O(m k).
-        complement = [
-            outer_partial_trace(basis.mT, shrink, sizes, axis) for axis in range(len(sizes))
-        ]
+        # I - (I + G_N)^{-1} = B B^T: its partial traces are O(m k).
+        ones = B.new_ones(B.shape[-1])
+        complement = [outer_partial_trace(B.mT, ones, sizes, axis) for axis in range(len(sizes))]
         grads = kronecker_logdet_minus_quad_backward(
-            ctx, grad, u, z, precision, factors, complement, shrink.sum(), first_factor=5
+            ctx, grad, u, z, precision, factors, complement, B.square().sum(), first_factor=5
         )
         return (None, *grads[:2], None, None, *grads[2:])
 
