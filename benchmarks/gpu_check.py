@@ -9,14 +9,16 @@ time limit keeps what it finished; one that fails records its error and the next
    and 32^3 points at n = 10^3 ... 10^6, float32 and float64: the build, and per step of
    ``hot_path_ops.STEPS`` (posterior; condition + predict; observe + predict) the median
    synchronised time, with the kernel launches, host synchronisations and memory copies
-   per call, averaged over 12 calls (torch.profiler); the exact GP (``SingleTaskGP``) beside it;
+   per call, averaged over 12 calls (torch.profiler); the exact GP (``SingleTaskGP``)
+   beside it, from n = 10 (BoTorch's own floor for the same step) to 10^4;
    ``hot_paths``: the same counts on a 16^3 grid at n = 10^5 with and without
    ``skip_value_checks`` (``hot_path_ops.measure``);
    ``cuda_graphs``: the posterior (16 points) and the posterior's value + gradient at an
    acquisition batch (10 x 3 points) on a 16^3 grid at n = 10^5, eager and under
    :class:`streamgp.settings.cuda_graphs`, with launches and syncs per call;
 3. ``mll``: the marginal likelihood's value + gradient (``WoodburyMarginalLogLikelihood``,
-   ``ScaleKernel(RBF)``): 16^3 at n = 10^4 and 10^5, 32^3 (structured) at 10^4, and the
+   ``ScaleKernel(RBF)``): 16^3 at n = 10^4 and 10^5, 32^3 (structured) at 10^4 in float64
+   and float32, and the
    exact GP at 10^4;
 4. ``acquisition``: ``optimize_acqf`` (qUCB, q = 3, 10 restarts, 512 raw samples): time
    per posterior call, WISKI at n = 3000 (eager and under ``cuda_graphs``) against
@@ -31,10 +33,11 @@ Writes ``<out>/<gpu-name>.json`` and ``<out>/<gpu-name>.md`` (``--out`` defaults
 ``benchmarks/results/gpu``), which the docs' GPU page (docs/gpu.md) quotes. ``--device cpu --quick``
 is the dry run of the same code without a GPU (the CUDA tests then skip).
 
-With the defaults (``--levy-steps 20``, ``--bo-steps 6``) it takes about 5 minutes on an
-H100 (the first full run, with 40 Levy steps and 10 BO steps, took 7).
+The defaults (``--levy-steps 8``, ``--bo-steps 3``, 8 test workers) are sized for at most
+5 minutes on an H100; ``--sections levy_from_5 --levy-steps 40`` runs the paper's experiment
+alone for longer.
 
-Usage: ``python benchmarks/gpu_check.py [--quick] [--levy-steps 20] [--out DIR]``
+Usage: ``python benchmarks/gpu_check.py [--quick] [--levy-steps 8] [--out DIR]``
 """
 
 from __future__ import annotations
@@ -193,7 +196,8 @@ def update_scaling(args, tkwargs, report) -> list[dict]:
                 print(row, flush=True)
                 report(rows)
                 del model
-        for n in [1_000, 4_000] if args.quick else [1_000, 4_000, 10_000]:
+        # n = 10: BoTorch's own floor for the same step (its Python and launch overhead).
+        for n in [10, 1_000, 4_000] if args.quick else [10, 1_000, 4_000, 10_000]:
             model = _exact(n, tk)
             row = {"model": "exact", "dtype": dtype, "n": n}
             row.update(_time_steps(model, ["posterior", "condition + predict"], tk, args.repeats))
@@ -272,16 +276,18 @@ def _mll_value_grad_ms(model, mll, repeats: int) -> float:
 
 def mll(args, tkwargs, report) -> list[dict]:
     rows = []
-    cases = [(16, 10_000), (16, 100_000), (32, 10_000)]
+    cases = [(16, 10_000, "float64"), (16, 100_000, "float64"), (32, 10_000, "float64")]
+    cases.append((32, 10_000, "float32"))
     if args.quick:
-        cases = [(10, 1_000)]
-    for grid, n in cases:
-        X, Y = data(n, tkwargs)
+        cases = [(10, 1_000, "float64"), (10, 1_000, "float32")]
+    for grid, n, dtype in cases:
+        tk = {**tkwargs, "dtype": getattr(torch, dtype)}
+        X, Y = data(n, tk)
         model = WiskiGP(
             X,
             Y,
             grid_size=grid,
-            covar_module=ScaleKernel(RBFKernel(ard_num_dims=D)).to(**tkwargs),
+            covar_module=ScaleKernel(RBFKernel(ard_num_dims=D)).to(**tk),
             outcome_transform=None,
             mean_module=ZeroMean(),
         )
@@ -289,7 +295,13 @@ def mll(args, tkwargs, report) -> list[dict]:
             model, WoodburyMarginalLogLikelihood(model.likelihood, model), args.mll_repeats
         )
         rows.append(
-            {"model": f"wiski {grid}^3", "n": n, "structured": model.structured, "ms": value_grad}
+            {
+                "model": f"wiski {grid}^3",
+                "dtype": dtype,
+                "n": n,
+                "structured": model.structured,
+                "ms": value_grad,
+            }
         )
         print(rows[-1], flush=True)
         report(rows)
@@ -299,7 +311,9 @@ def mll(args, tkwargs, report) -> list[dict]:
     value_grad = _mll_value_grad_ms(
         exact, ExactMarginalLogLikelihood(exact.likelihood, exact), args.mll_repeats
     )
-    rows.append({"model": "exact", "n": n, "structured": False, "ms": value_grad})
+    rows.append(
+        {"model": "exact", "dtype": "float64", "n": n, "structured": False, "ms": value_grad}
+    )
     report(rows)
     return rows
 
@@ -542,9 +556,9 @@ def main() -> None:
         "--sizes", default="1000,10000,100000,1000000", help="update_scaling's n values"
     )
     parser.add_argument("--mll-repeats", type=int, default=5)
-    parser.add_argument("--levy-steps", type=int, default=20, help="Levy-3 steps from 5 points")
-    parser.add_argument("--bo-steps", type=int, default=6, help="Levy-3 steps from 3,000 points")
-    parser.add_argument("--test-workers", type=int, default=4)
+    parser.add_argument("--levy-steps", type=int, default=8, help="Levy-3 steps from 5 points")
+    parser.add_argument("--bo-steps", type=int, default=3, help="Levy-3 steps from 3,000 points")
+    parser.add_argument("--test-workers", type=int, default=8)
     parser.add_argument("--test-timeout", type=int, default=300)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gpu")
     args = parser.parse_args()

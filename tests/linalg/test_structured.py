@@ -263,7 +263,12 @@ def test_nystrom_inverse_is_a_certified_inverse_of_i_plus_g():
     G = 0.5 * (G + G.T)
     for tol in (1e-3, 1e-9):
         nystrom = operator.nystrom(tol)
-        inverse = nystrom.precondition(eye)
+        B = nystrom.complement_root
+        inverse = eye - B @ B.T
+        # The preconditioner is that inverse floored at sqrt(eps): positive definite.
+        delta = torch.finfo(DTYPE).eps ** 0.5
+        assert torch.allclose(nystrom.precondition(eye), eye - (1 - delta) * B @ B.T)
+        assert torch.linalg.eigvalsh(nystrom.precondition(eye)).min() >= 0.5 * delta
         G_N = torch.linalg.inv(inverse) - eye
         G_N = 0.5 * (G_N + G_N.T)
         scale = float(torch.linalg.matrix_norm(G, ord=2))
@@ -272,3 +277,52 @@ def test_nystrom_inverse_is_a_certified_inverse_of_i_plus_g():
         assert abs(float((G - G_N).trace() - nystrom.residual_trace)) <= 1e-8 * scale
         assert float(nystrom.residual_trace) <= max(tol, 1e3 * torch.finfo(DTYPE).eps * G.trace())
         assert torch.allclose(nystrom.logdet(), torch.logdet(eye + G_N), rtol=1e-10)
+
+
+def test_conjugate_gradients_stops_where_round_off_stalls_it():
+    """A tolerance float32 cannot reach: CG stops once the residual stagnates (not after
+    ``max_iter``) and returns the iterate of smallest residual, as accurate as float32
+    CG gets (checked against the float64 solve)."""
+    torch.manual_seed(0)
+    M = spd(200, cond=1e4)
+    rhs = torch.randn(200, 2, dtype=DTYPE)
+    products = []
+
+    def matmul(V):
+        products.append(1)
+        return M.float() @ V
+
+    x = conjugate_gradients(matmul, rhs.float(), lambda V: V, 1e-12, 100_000)
+    assert len(products) < 2_000
+    reference = torch.linalg.solve(M, rhs)
+    assert rel_err(x.double(), reference) < 1e-3
+    residual = torch.linalg.vector_norm(rhs - M @ x.double(), dim=0)
+    assert (residual < 1e-3 * torch.linalg.vector_norm(rhs, dim=0)).all()
+
+
+def test_float32_statistics_get_the_float64_posterior_and_likelihood():
+    """Large-grid algebra runs in float64 whatever the inputs' dtype: float32 statistics
+    of many precise observations (``n / noise = 10^7``, far beyond float32's resolution of
+    the certified traces) give float64's posterior and likelihood to float32 accuracy,
+    returned in float32."""
+    torch.manual_seed(0)
+    interp, kernel, X, y, _ = setup(d=2, g=40, n=5_000)
+    noise = torch.full_like(y, 5e-4)
+    with torch.no_grad():
+        L_K = grid_kernel_root(kernel, interp.grid)
+        _, A, b = statistics(interp, X, y, noise)
+        probes = interp.weights(torch.rand(200, 2, dtype=DTYPE)).to_dense().T
+        results = {}
+        for dtype in (torch.float64, torch.float32):
+            root = GridKernelRoot(tuple(f.to(dtype) for f in L_K.factors))
+            post = structured_grid_posterior(root, A.to(dtype), b.to(dtype), tol=1e-8).posterior
+            n = torch.tensor(5_000.0, dtype=dtype)
+            c, logs = (y.square() / noise).sum().to(dtype), noise.log().sum().to(dtype)
+            value = structured_log_marginal_likelihood(root, A.to(dtype), b.to(dtype), c, n, logs)
+            assert post.root.dtype == post.mean.dtype == value.dtype == dtype
+            variances = (post.root.double().T @ probes).square().sum(0)
+            results[dtype] = (variances, probes.T @ post.mean.double(), value.double())
+    (var64, mean64, value64), (var32, mean32, value32) = results.values()
+    assert rel_err(var32, var64) < 1e-3
+    assert rel_err(mean32, mean64) < 1e-4
+    assert abs(float(value32 - value64)) < 1e-4 * abs(float(value64))
