@@ -5,8 +5,8 @@ time limit keeps what it finished; one that fails records its error and the next
 
 1. ``tests``: ``tests/test_cuda.py``, ``tests/test_device_sync.py`` and
    ``tests/utils/test_cuda_graphs.py`` (CPU and CUDA cases);
-2. ``update_scaling``: WISKI (3-D, RBF, fixed hyperparameters) on grids of 10^3, 16^3
-   and 32^3 points at n = 10^3 ... 10^6, float32 and float64: the build, and per step of
+2. ``update_scaling``: WISKI (3-D, RBF, fixed hyperparameters) on ``--grids`` (16^3 and
+   32^3 points) at ``--sizes`` (n = 10^3 ... 10^6), float32 and float64: the build, and per step of
    ``hot_path_ops.STEPS`` (posterior; condition + predict; observe + predict) the median
    synchronised time, with the kernel launches, host synchronisations and memory copies
    per call, averaged over 12 calls (torch.profiler); the exact GP (``SingleTaskGP``)
@@ -33,11 +33,13 @@ Writes ``<out>/<gpu-name>.json`` and ``<out>/<gpu-name>.md`` (``--out`` defaults
 ``benchmarks/results/gpu``), which the docs' GPU page (docs/gpu.md) quotes. ``--device cpu --quick``
 is the dry run of the same code without a GPU (the CUDA tests then skip).
 
-The defaults (``--levy-steps 8``, ``--bo-steps 3``, 8 test workers) are sized for at most
-5 minutes on an H100; ``--sections levy_from_5 --levy-steps 40`` runs the paper's experiment
-alone for longer.
+The defaults (grids 16^3 and 32^3, n = 10^3, 10^5, 10^6, ``--levy-steps 6``, ``--bo-steps 3``,
+4 test workers) are sized for 5 minutes on an H100 from the sections' measured times (the
+tests took 80-101 s with 4 workers and 125-135 s with 6 or 8; three grids and four sizes took
+168 s, two of each 63-68 s); ``--sections levy_from_5 --levy-steps 20`` runs the paper's
+experiment alone for longer (20 steps: 166 s).
 
-Usage: ``python benchmarks/gpu_check.py [--quick] [--levy-steps 8] [--out DIR]``
+Usage: ``python benchmarks/gpu_check.py [--quick] [--levy-steps 6] [--out DIR]``
 """
 
 from __future__ import annotations
@@ -551,14 +553,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes (a dry run)")
     parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated")
     parser.add_argument("--repeats", type=int, default=20, help="timed calls per step")
-    parser.add_argument("--grids", default="10,16,32", help="update_scaling's grid sizes")
-    parser.add_argument(
-        "--sizes", default="1000,10000,100000,1000000", help="update_scaling's n values"
-    )
+    parser.add_argument("--grids", default="16,32", help="update_scaling's grid sizes")
+    parser.add_argument("--sizes", default="1000,100000,1000000", help="update_scaling's n values")
     parser.add_argument("--mll-repeats", type=int, default=5)
-    parser.add_argument("--levy-steps", type=int, default=8, help="Levy-3 steps from 5 points")
+    parser.add_argument("--levy-steps", type=int, default=6, help="Levy-3 steps from 5 points")
     parser.add_argument("--bo-steps", type=int, default=3, help="Levy-3 steps from 3,000 points")
-    parser.add_argument("--test-workers", type=int, default=8)
+    parser.add_argument("--test-workers", type=int, default=4)
     parser.add_argument("--test-timeout", type=int, default=300)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gpu")
     args = parser.parse_args()
