@@ -233,6 +233,10 @@ def test_cholesky_qr_factors_well_conditioned_blocks_and_flags_the_rest():
     deficient = V.clone()
     deficient[-1] = 0.0
     assert not bool(_cholesky_qr(deficient)[2])
+    # Kahan's matrix: a harmless-looking diagonal, condition number ~1e13.
+    kahan = torch.eye(64, dtype=DTYPE) - 0.7 * torch.ones(64, 64, dtype=DTYPE).triu(1)
+    basis = torch.linalg.qr(torch.randn(500, 64, dtype=DTYPE)).Q
+    assert not bool(_cholesky_qr(kahan.T @ basis.T)[2])
 
 
 @pytest.mark.parametrize("case", range(5))
@@ -261,3 +265,18 @@ def test_block_lanczos_cholesky_qr_gives_the_householder_decomposition(case, mon
         1e-9 * scale
     )
     assert abs(float(fast.residual_trace - householder.residual_trace)) <= 1e-9 * float(M.trace())
+
+
+def test_cached_start_vectors_do_not_break_a_later_differentiable_call():
+    """The first call for a shape under inference_mode caches the start vector: a later
+    differentiable lanczos_root through the same shape still has a gradient."""
+    torch.manual_seed(0)
+    size = 253  # a shape no other test uses, so the first call here fills the cache
+    A = torch.randn(size, size, dtype=DTYPE)
+    M = A @ A.T / size
+    with torch.inference_mode():
+        lanczos_root(lambda v: v @ M, M.trace(), size, tol=1e-6)
+    w = torch.tensor(2.0, dtype=DTYPE, requires_grad=True)
+    root = lanczos_root(lambda v: v @ (w * M), (2.0 * M).trace(), size, tol=1e-6).root
+    (gradient,) = torch.autograd.grad(root.sum(), w)
+    assert torch.isfinite(gradient) and gradient.abs() > 0

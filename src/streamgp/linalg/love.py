@@ -97,26 +97,38 @@ class LanczosDecomposition:
 def _start_vector(shape: torch.Size, like: Tensor, offset: int = 0) -> Tensor:
     """Deterministic Gaussian vectors (generated on CPU, so identical on every device).
 
-    The same vectors every call: cached per shape, dtype and device, since a large
-    grid's block (``64 x 32^3``) takes longer to draw on the host and copy than the rest
-    of a marginal-likelihood evaluation on a GPU. Callers never write to them.
+    The same vectors every call. The first block (``offset = 0``) is cached per shape,
+    dtype and device, since a large grid's block (``64 x 32^3``) takes longer to draw on
+    the host and copy than the rest of a marginal-likelihood evaluation on a GPU;
+    restarts (``offset > 0``, rare) are drawn afresh so they never evict it. Callers
+    never write to them.
     """
-    return _cached_start_vector(tuple(shape), like.dtype, like.device, offset)
+    if offset == 0:
+        return _cached_start_vector(tuple(shape), like.dtype, like.device)
+    return _draw_start_vector(tuple(shape), like.dtype, like.device, offset)
+
+
+def _draw_start_vector(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, offset: int
+) -> Tensor:
+    # An ordinary tensor even under inference_mode, so that a cached one can be saved
+    # for backward by a later differentiable call (lanczos_root).
+    with torch.inference_mode(False), torch.no_grad():
+        generator = torch.Generator().manual_seed(START_SEED + offset)
+        return torch.randn(shape, generator=generator, dtype=dtype).to(device)
 
 
 @functools.lru_cache(maxsize=4)
-def _cached_start_vector(
-    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, offset: int
-) -> Tensor:
-    generator = torch.Generator().manual_seed(START_SEED + offset)
-    return torch.randn(shape, generator=generator, dtype=dtype).to(device)
+def _cached_start_vector(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device):
+    return _draw_start_vector(shape, dtype, device, 0)
 
 
 @functools.lru_cache(maxsize=4)
 def _start_block(width: int, size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """Orthonormal rows spanning the first ``width`` start vectors (cached, read-only)."""
-    start = _cached_start_vector((width, size), dtype, device, 0)
-    return torch.linalg.qr(start.mT).Q.mT.contiguous()
+    start = _cached_start_vector((width, size), dtype, device)
+    with torch.inference_mode(False), torch.no_grad():
+        return torch.linalg.qr(start.mT).Q.mT.contiguous()
 
 
 def _cholesky_qr(rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -125,28 +137,31 @@ def _cholesky_qr(rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     Two passes of ``G = V V^T = R^T R`` (a GEMM and a ``p x p`` Cholesky) and a
     triangular solve: a few large kernels where Householder QR of a tall block runs
     hundreds of small ones on a GPU. It is as accurate as Householder QR while
-    ``cond(V) << eps^{-1/2}``; the returned flag (a device tensor, so that the caller
-    reads it with its other checks) is false where either Cholesky failed or the
-    first factor's diagonal spans more than ``eps^{-3/8}``, and the caller then falls
-    back to Householder QR.
+    ``cond(V) << eps^{-1/2}``. The returned flag (a device tensor, so that the caller
+    reads it with its other checks) is false, and the caller falls back to Householder
+    QR, where either Cholesky failed, the first factor's diagonal spans more than
+    ``eps^{-3/8}`` (or falls below Householder's round-off threshold ``m eps``), or the
+    second factor is not close to the identity (the diagonal alone does not bound the
+    condition number: Kahan-type blocks pass it).
     """
     eps = torch.finfo(rows.dtype).eps
-    factors, trusted = [], None
+    floor = max(eps**0.375, rows.shape[-1] * eps)
+    factors = []
     Q = rows
     for _ in range(2):
         upper, info = torch.linalg.cholesky_ex(Q @ Q.mT, upper=True)
-        # U^{-T} V as a GEMM with the p x p inverse: a triangular solve with a wide
-        # right-hand side is ~100 us per call on a GPU, the GEMM a few (the factor is
-        # well conditioned wherever the result is trusted).
-        eye = torch.eye(upper.shape[-1], dtype=upper.dtype, device=upper.device)
-        Q = torch.linalg.solve_triangular(upper, eye, upper=True).mT @ Q
-        factors.append(upper)
-        if trusted is None:
-            diagonal = upper.diagonal()
-            trusted = (info == 0) & (diagonal.amin() > eps**0.375 * diagonal.amax())
-        else:
-            trusted = trusted & (info == 0)
-    return Q, factors[1] @ factors[0], trusted
+        Q = torch.linalg.solve_triangular(upper.mT, Q, upper=False)
+        factors.append((upper, info))
+    (first, info_1), (second, info_2) = factors
+    diagonal = first.diagonal()
+    eye = torch.eye(second.shape[-1], dtype=second.dtype, device=second.device)
+    trusted = (
+        (info_1 == 0)
+        & (info_2 == 0)
+        & (diagonal.amin() > floor * diagonal.amax())
+        & ((second - eye).abs().amax() < 1e-2)
+    )
+    return Q, second @ first, trusted
 
 
 def _orthogonalize(v: Tensor, basis: Tensor) -> Tensor:

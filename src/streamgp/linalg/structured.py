@@ -72,7 +72,10 @@ def _working_precision(L_K: GridKernelRoot, *tensors: Tensor | None):
     float64). Results are cast back to the caller's dtype; the casts are differentiable.
     """
     root = GridKernelRoot(tuple(f.to(WORKING_DTYPE) for f in L_K.factors))
-    return root, *(None if t is None else t.to(WORKING_DTYPE) for t in tensors)
+    device = root.factors[0].device
+    return root, *(
+        None if t is None else torch.as_tensor(t, device=device).to(WORKING_DTYPE) for t in tensors
+    )
 
 
 def conjugate_gradients(
@@ -152,14 +155,16 @@ class NystromInverse:
         r"""``(I - (1 - delta) B B^T) V``, i.e. ``(I + G_N)^{-1} V`` floored at ``delta``.
 
         ``(I + G_N)^{-1}`` has eigenvalues ``1 / (1 + mu)`` down to ``~1e-7`` (``mu`` up to
-        ``n / noise``), below float32's round-off of ``I - B B^T``: computed as is, the
-        preconditioner was indefinite in float32 and CG never converged (``m``
-        iterations: a 30 s build on a GPU). The floor ``delta = sqrt(eps)`` keeps it
-        positive definite; the preconditioned system's condition number is then at most
-        ``1 + delta max(mu)`` (float64: ``1 + 1.5e-8 mu``, i.e. unchanged).
+        ``n / noise``): below float32's round-off of ``I - B B^T``, where computed as is
+        the preconditioner was indefinite and CG never converged (``m`` iterations: a
+        30 s build on a GPU). The floor keeps it positive definite: ``delta = sqrt(eps)``
+        below float64, ``10 eps`` in float64 (the large-grid algebra's working precision),
+        where the preconditioned condition number ``1 + delta max(mu)`` stays ~1 (a
+        ``sqrt(eps)`` floor there took CG from 2-3 to 8-27 iterations at small noise).
         """
         B = self.complement_root
-        delta = torch.finfo(B.dtype).eps ** 0.5
+        eps = torch.finfo(B.dtype).eps
+        delta = 10 * eps if B.dtype == torch.float64 else eps**0.5
         return V - (1.0 - delta) * (B @ (B.mT @ V))
 
     def logdet(self) -> Tensor:
