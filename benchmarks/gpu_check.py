@@ -18,8 +18,7 @@ time limit keeps what it finished; one that fails records its error and the next
    :class:`streamgp.settings.cuda_graphs`, with launches and syncs per call;
 3. ``mll``: the marginal likelihood's value + gradient (``WoodburyMarginalLogLikelihood``,
    ``ScaleKernel(RBF)``): 16^3 at n = 10^4 and 10^5, 32^3 (structured) at 10^4 in float64
-   and float32, and the
-   exact GP at 10^4;
+   and float32, and the exact GP at 10^4;
 4. ``acquisition``: ``optimize_acqf`` (qUCB, q = 3, 10 restarts, 512 raw samples): time
    per posterior call, WISKI at n = 3000 (eager and under ``cuda_graphs``) against
    BoTorch's floor (``SingleTaskGP`` at n = 10);
