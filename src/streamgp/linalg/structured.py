@@ -29,6 +29,9 @@ The posterior mean ``alpha = L_K C^{-1} L_K^T b`` (``C = I + G``) is computed by
 conjugate gradients preconditioned with ``(I + G_N)^{-1}``, which removes the large
 eigenvalues of ``C``, so a few iterations suffice. Everything costs
 ``O(k (nnz(A) + m sum_i g_i + m k))``, independent of ``n``.
+
+All of it runs in float64 whatever the inputs' dtype, results cast back (the certified
+traces lie below float32's resolution; see :func:`_working_precision`).
 """
 
 from __future__ import annotations
