@@ -123,10 +123,11 @@ def _cached_start_vector(shape: tuple[int, ...], dtype: torch.dtype, device: tor
     return _draw_start_vector(shape, dtype, device, 0)
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=2)
 def _start_block(width: int, size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """Orthonormal rows spanning the first ``width`` start vectors (cached, read-only)."""
-    start = _cached_start_vector((width, size), dtype, device)
+    """Orthonormal rows spanning the first ``width`` start vectors (cached, read-only;
+    two entries, since a 64 x 64^3 float64 block holds 134 MB of device memory)."""
+    start = _draw_start_vector((width, size), dtype, device, 0)
     with torch.inference_mode(False), torch.no_grad():
         return torch.linalg.qr(start.mT).Q.mT.contiguous()
 
