@@ -24,48 +24,14 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from ax.adapter.registry import Generators
 from ax.api import Client, RangeParameterConfig
-from ax.generation_strategy.generation_strategy import GenerationNode, GenerationStrategy
-from ax.generation_strategy.generator_spec import GeneratorSpec
-from ax.generation_strategy.transition_criterion import MinTrials
-from ax.generators.torch.botorch_modular.surrogate import SurrogateSpec
-from ax.generators.torch.botorch_modular.utils import ModelConfig
+from ax_streaming import branin, plain_strategy
 from botorch.models import SingleTaskGP
 
 from streamgp import WiskiGP
 from streamgp.utils.machine import machine_info
 
-NUM_INITIAL = 5
 MODELS = {"SingleTaskGP": SingleTaskGP, "WiskiGP": WiskiGP}
-
-
-def branin(x1: float, x2: float) -> float:
-    b, c, t = 5.1 / (4 * math.pi**2), 5 / math.pi, 1 / (8 * math.pi)
-    return (x2 - b * x1**2 + c * x1 - 6) ** 2 + 10 * (1 - t) * math.cos(x1) + 10
-
-
-def strategy(model_class: type, seed: int) -> GenerationStrategy:
-    sobol = GenerationNode(
-        name="Sobol",
-        generator_specs=[
-            GeneratorSpec(generator_enum=Generators.SOBOL, generator_kwargs={"seed": seed})
-        ],
-        transition_criteria=[
-            MinTrials(threshold=NUM_INITIAL, transition_to="MBM", use_all_trials_in_exp=True)
-        ],
-    )
-    spec = SurrogateSpec(model_configs=[ModelConfig(botorch_model_class=model_class)])
-    model_based = GenerationNode(
-        name="MBM",
-        generator_specs=[
-            GeneratorSpec(
-                generator_enum=Generators.BOTORCH_MODULAR,
-                generator_kwargs={"surrogate_spec": spec},
-            )
-        ],
-    )
-    return GenerationStrategy(name=model_class.__name__, nodes=[sobol, model_based])
 
 
 def _hyperparameters(client: Client) -> dict:
@@ -99,7 +65,7 @@ def run(name: str, seed: int, trials: int) -> dict:
         ],
     )
     client.configure_optimization(objective="-branin")
-    client.set_generation_strategy(strategy(MODELS[name], seed))
+    client.set_generation_strategy(plain_strategy(MODELS[name], seed))
     best_observed = math.inf
     for _ in range(trials):
         (index, parameters), *_ = client.get_next_trials(max_trials=1).items()

@@ -46,17 +46,19 @@ def branin(x1: float, x2: float) -> float:
     return (x2 - b * x1**2 + c * x1 - 6) ** 2 + 10 * (1 - t) * math.cos(x1) + 10
 
 
-def plain_strategy() -> GenerationStrategy:
+def plain_strategy(model_class: type = WiskiGP, seed: int = 0) -> GenerationStrategy:
+    r"""Sobol trials, then Ax's modular BoTorch generator with ``model_class`` (rebuilt and
+    refitted from all trials at every generation): ``ModelConfig`` alone, as a user writes it."""
     sobol = GenerationNode(
         name="Sobol",
         generator_specs=[
-            GeneratorSpec(generator_enum=Generators.SOBOL, generator_kwargs={"seed": 0})
+            GeneratorSpec(generator_enum=Generators.SOBOL, generator_kwargs={"seed": seed})
         ],
         transition_criteria=[
             MinTrials(threshold=NUM_INITIAL, transition_to="MBM", use_all_trials_in_exp=True)
         ],
     )
-    spec = SurrogateSpec(model_configs=[ModelConfig(botorch_model_class=WiskiGP)])
+    spec = SurrogateSpec(model_configs=[ModelConfig(botorch_model_class=model_class)])
     model_based = GenerationNode(
         name="MBM",
         generator_specs=[
@@ -66,7 +68,7 @@ def plain_strategy() -> GenerationStrategy:
             )
         ],
     )
-    return GenerationStrategy(name="plain", nodes=[sobol, model_based])
+    return GenerationStrategy(name=f"plain {model_class.__name__}", nodes=[sobol, model_based])
 
 
 def run(kind: str, trials: int, refit_every: int) -> list[dict]:

@@ -264,15 +264,30 @@ def graphs(args, tkwargs, report) -> list[dict]:
 # -- 3. marginal likelihood ------------------------------------------------------------
 
 
-def _mll_value_grad_ms(model, mll, repeats: int) -> float:
+def mll_model(grid: int, n: int, tkwargs: dict) -> WiskiGP:
+    r"""The marginal likelihood's benchmark model: ``n`` points, ``ScaleKernel(RBF)``, zero
+    mean, ``grid^3`` points (structured above ``WiskiGP.MAX_DENSE_GRID`` points)."""
+    X, Y = data(n, tkwargs)
+    return WiskiGP(
+        X,
+        Y,
+        grid_size=grid,
+        covar_module=ScaleKernel(RBFKernel(ard_num_dims=D)).to(**tkwargs),
+        outcome_transform=None,
+        mean_module=ZeroMean(),
+    )
+
+
+def mll_value_and_grad(
+    model, mll_class: type = WoodburyMarginalLogLikelihood
+) -> Callable[[], object]:
+    r"""One call: the negative marginal likelihood (as BoTorch's fit evaluates it) and its
+    gradient in every hyperparameter."""
+    mll = mll_class(model.likelihood, model)
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
     closure = get_loss_closure(mll)
-
-    def value_and_grad():
-        torch.autograd.grad(closure(), params)
-
-    return median_ms(value_and_grad, repeats)
+    return lambda: torch.autograd.grad(closure(), params)
 
 
 def mll(args, tkwargs, report) -> list[dict]:
@@ -282,19 +297,8 @@ def mll(args, tkwargs, report) -> list[dict]:
     if args.quick:
         cases = [(10, 1_000, "float64"), (10, 1_000, "float32")]
     for grid, n, dtype in cases:
-        tk = {**tkwargs, "dtype": getattr(torch, dtype)}
-        X, Y = data(n, tk)
-        model = WiskiGP(
-            X,
-            Y,
-            grid_size=grid,
-            covar_module=ScaleKernel(RBFKernel(ard_num_dims=D)).to(**tk),
-            outcome_transform=None,
-            mean_module=ZeroMean(),
-        )
-        value_grad = _mll_value_grad_ms(
-            model, WoodburyMarginalLogLikelihood(model.likelihood, model), args.mll_repeats
-        )
+        model = mll_model(grid, n, {**tkwargs, "dtype": getattr(torch, dtype)})
+        value_grad = median_ms(mll_value_and_grad(model), args.mll_repeats)
         rows.append(
             {
                 "model": f"wiski {grid}^3",
@@ -309,9 +313,7 @@ def mll(args, tkwargs, report) -> list[dict]:
     n = 1_000 if args.quick else 10_000
     X, Y = data(n, tkwargs)
     exact = SingleTaskGP(X, Y, outcome_transform=None)
-    value_grad = _mll_value_grad_ms(
-        exact, ExactMarginalLogLikelihood(exact.likelihood, exact), args.mll_repeats
-    )
+    value_grad = median_ms(mll_value_and_grad(exact, ExactMarginalLogLikelihood), args.mll_repeats)
     rows.append(
         {"model": "exact", "dtype": "float64", "n": n, "structured": False, "ms": value_grad}
     )

@@ -31,17 +31,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from botorch.optim.closures import get_loss_closure
-from gpytorch.kernels import RBFKernel, ScaleKernel
-from gpytorch.means import ZeroMean
-from hot_path_ops import STEPS, build, data, op_counts, step_inputs
+from gpu_check import mll_model, mll_value_and_grad
+from hot_path_ops import STEPS, build, op_counts, step_inputs
 from torch.profiler import ProfilerActivity, profile
 
-from streamgp import WiskiGP, WoodburyMarginalLogLikelihood
 from streamgp.linalg import structured
 from streamgp.utils.machine import machine_info, median_seconds, synchronize
-
-D = 3
 
 
 def _python_profile(fn: Callable[[], object], calls: int, top: int = 30) -> str:
@@ -112,22 +107,8 @@ class _CountProducts:
 
 def profile_mll(args, tkwargs: dict) -> dict:
     grid, n = (10, 1_000) if args.quick else (32, 10_000)
-    X, Y = data(n, tkwargs)
-    model = WiskiGP(
-        X,
-        Y,
-        grid_size=grid,
-        covar_module=ScaleKernel(RBFKernel(ard_num_dims=D)).to(**tkwargs),
-        outcome_transform=None,
-        mean_module=ZeroMean(),
-    )
-    mll = WoodburyMarginalLogLikelihood(model.likelihood, model)
-    params = [p for p in model.parameters() if p.requires_grad]
-    model.train()
-    closure = get_loss_closure(mll)
-
-    def value_and_grad():
-        torch.autograd.grad(closure(), params)
+    model = mll_model(grid, n, tkwargs)
+    value_and_grad = mll_value_and_grad(model)
 
     device = torch.device(tkwargs["device"])
     row = {"grid": grid, "n": n, "structured": model.structured}

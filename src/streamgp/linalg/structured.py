@@ -70,9 +70,10 @@ def _working_precision(L_K: GridKernelRoot, *tensors: Tensor | None):
     The Lanczos tolerances these roots are certified to (relative ``1e-8`` of traces
     such as ``tr(K) - |Z|^2``, formed by cancellation) lie below float32's resolution:
     in float32 the second pass never met its target and ran to full rank ``m``, the
-    first captured ``G`` only to ``1e3 eps tr(G)``, and posterior variances came out 2x
-    too large (22^3 grid, n = 2e4; the build took 30 s on an H100 against 0.4 s in
-    float64). Results are cast back to the caller's dtype; the casts are differentiable.
+    first captured ``G`` only to ``1e3 eps tr(G)``, and posterior variances were off by up
+    to 24x (``tests/linalg/test_structured.py``; a 32^3 build took 30 s on an H100 against
+    0.4 s in float64). Results are cast back to the caller's dtype; the casts are
+    differentiable.
     """
     root = GridKernelRoot(tuple(f.to(WORKING_DTYPE) for f in L_K.factors))
     device = root.factors[0].device
