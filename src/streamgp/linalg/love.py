@@ -119,7 +119,9 @@ def _draw_start_vector(
 
 
 @functools.lru_cache(maxsize=4)
-def _cached_start_vector(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device):
+def _cached_start_vector(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> Tensor:
     return _draw_start_vector(shape, dtype, device, 0)
 
 
