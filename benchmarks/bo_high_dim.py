@@ -11,7 +11,9 @@ model).
 
 Every (function, model, seed) is its own resumable run under
 ``<out>/runs/<function><d>_<model>_<seed>/`` (checkpoints every 10 steps; ``--resume``
-continues them), run seed by seed so that a partial table already compares every model.
+continues them, and skips a run whose per-step trace ``bo_*.csv`` already reaches
+``--steps``: the traces are committed, the checkpoints are not), run seed by seed so that a
+partial table already compares every model.
 Every invocation rewrites, from the runs that exist:
 
 - ``<out>/bo_high_dim.csv``: per function and model, the best true value at each of
@@ -73,11 +75,21 @@ def run_one(spec: str, model: str, trial: int, args: argparse.Namespace) -> None
         num_init=2 * dim,
         fit_every=args.fit_every,
         model_options={model: MODEL_OPTIONS[model]} if model in MODEL_OPTIONS else None,
-        out=args.out / "runs" / f"{spec}_{model}_{trial}",
+        out=run_directory(args.out, spec, model, trial),
         resume=args.resume,
         progress=False,
         plots=False,
     )
+
+
+def run_directory(out: Path, spec: str, model: str, trial: int) -> Path:
+    return out / "runs" / f"{spec}_{model}_{trial}"
+
+
+def finished(out: Path, spec: str, model: str, trial: int, steps: int) -> bool:
+    r"""Whether the run's committed trace already reaches ``steps``."""
+    traces = list(run_directory(out, spec, model, trial).glob("bo_*.csv"))
+    return any(pd.read_csv(path)["step"].max() >= steps for path in traces)
 
 
 def read_runs(out: Path) -> pd.DataFrame:
@@ -192,6 +204,8 @@ def main() -> None:
         for spec in args.functions
         for model in args.models
     ]
+    if args.resume:
+        runs = [run for run in runs if not finished(args.out, *run, args.steps)]
     if args.summarize_only:
         runs = []
     if args.processes > 1:
