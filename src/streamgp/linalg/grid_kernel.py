@@ -134,11 +134,52 @@ class GridKernelRoot:
     a single dense ``m x m`` factor. Products with ``L`` cost
     ``O(m p sum_i g_i)`` for ``p`` right-hand sides instead of ``O(m^2 p)``.
 
+    An additive kernel's root is block-diagonal instead (one block per group's grid,
+    :meth:`block_diagonal`): one dense factor, with its diagonal blocks kept as
+    ``blocks`` so that products cost ``O(p sum_g m_g^2)`` instead of ``O(m^2 p)``.
+
     Attributes:
         factors: The lower-triangular Kronecker factors.
+        blocks: For one block-diagonal factor, its lower-triangular diagonal blocks in
+            order (``factors[0]`` is their ``block_diag``); None otherwise.
     """
 
     factors: tuple[Tensor, ...]
+    blocks: tuple[Tensor, ...] | None = None
+
+    @staticmethod
+    def block_diagonal(blocks: list[Tensor] | tuple[Tensor, ...]) -> GridKernelRoot:
+        r"""The root ``diag(L_1, ..., L_G)`` of a block-diagonal ``K_UU`` (each ``L_g``
+        ``... x m_g x m_g``, batch dimensions shared).
+
+        Example:
+            >>> blocks = [torch.eye(2, dtype=torch.float64), 2 * torch.eye(3, dtype=torch.float64)]
+            >>> root = GridKernelRoot.block_diagonal(blocks)
+            >>> root.num_grid, root.matmul(torch.ones(5, dtype=torch.float64)).tolist()
+            (5, [1.0, 1.0, 2.0, 2.0, 2.0])
+        """
+        blocks = tuple(blocks)
+        if all(block.dim() == 2 for block in blocks):
+            dense = torch.block_diag(*blocks)
+        else:
+            batch = torch.broadcast_shapes(*(block.shape[:-2] for block in blocks))
+            size = sum(block.shape[-1] for block in blocks)
+            dense = blocks[0].new_zeros(*batch, size, size)
+            start = 0
+            for block in blocks:
+                end = start + block.shape[-1]
+                dense[..., start:end, start:end] = block
+                start = end
+        return GridKernelRoot((dense,), blocks=blocks)
+
+    @functools.cached_property
+    def _stacked_blocks(self) -> Tensor | tuple[Tensor, ...]:
+        # Blocks of one shape (singleton groups of one grid size, the default) as one
+        # ... x G x s x s tensor: every product is then one batched GEMM.
+        blocks = self.blocks
+        if len({block.shape for block in blocks}) == 1:
+            return torch.stack(blocks, -3)
+        return blocks
 
     @property
     def num_grid(self) -> int:
@@ -184,10 +225,14 @@ class GridKernelRoot:
     def matmul(self, rhs: Tensor) -> Tensor:
         r"""``L @ rhs`` for ``rhs`` of shape ``m`` or ``m x p`` (``batch x m x p`` with
         batched factors or a batch of right-hand sides; the batch dims broadcast)."""
+        if self.blocks is not None:
+            return _apply_blocks(self._stacked_blocks, rhs)
         return self._apply(list(self.factors), rhs)
 
     def t_matmul(self, rhs: Tensor) -> Tensor:
         r"""``L^T @ rhs`` for ``rhs`` of shape ``m`` or ``m x p``."""
+        if self.blocks is not None:
+            return _apply_blocks(_map_blocks(lambda b: b.mT, self._stacked_blocks), rhs)
         return self._apply([f.mT for f in self.factors], rhs)
 
     def congruence(self, A: Tensor, scale: Tensor | None = None) -> Tensor:
@@ -201,6 +246,8 @@ class GridKernelRoot:
         so only the second is differentiated, with doubled factors ``2 L_i - L_i``
         (the same values), which halves the backward pass.
         """
+        if self.blocks is not None:
+            return self._block_congruence(A, scale)
         factors = list(self.factors)
         differentiable = [A, *factors, *([] if scale is None else [scale])]
         workspace = None
@@ -221,6 +268,22 @@ class GridKernelRoot:
         if scale is not None:  # on the small first factor, not on an m x m product
             factors[0] = (scale if scale.dim() == 0 else scale[..., None, None]) * factors[0]
         return self._apply([f.mT for f in factors], first, workspace)
+
+    def _block_congruence(self, A: Tensor, scale: Tensor | None) -> Tensor:
+        # congruence() for a block-diagonal root, with the same halved backward pass.
+        blocks = self._stacked_blocks
+        if A.requires_grad:
+            first = self.t_matmul(A).mT.contiguous()
+        else:
+            with torch.no_grad():
+                first = self.t_matmul(A).mT.contiguous()
+            if torch.is_grad_enabled() and any(b.requires_grad for b in self.blocks):
+                blocks = _map_blocks(lambda b: 2 * b - b.detach(), blocks)
+        if scale is not None:
+            trailing = 3 if isinstance(blocks, Tensor) else 2
+            scale = scale if scale.dim() == 0 else scale.reshape(*scale.shape, *[1] * trailing)
+            blocks = _map_blocks(lambda b: scale * b, blocks)
+        return _apply_blocks(_map_blocks(lambda b: b.mT, blocks), first)
 
     def kernel_trace(self) -> Tensor:
         r"""``tr(L L^T) = prod_i |L_i|_F^2``, without forming ``L``."""
@@ -298,6 +361,31 @@ def _apply_batched(
         block = out.reshape(*batch, before, sizes[i], -1)
         out = factor.unsqueeze(-3) @ block
     out = out.reshape(*batch, -1, width)
+    return out.squeeze(-1) if vector else out
+
+
+def _map_blocks(fn, blocks: Tensor | tuple[Tensor, ...]) -> Tensor | tuple[Tensor, ...]:
+    # A block-wise map on stacked blocks (one tensor) or a tuple of blocks.
+    return fn(blocks) if isinstance(blocks, Tensor) else tuple(fn(b) for b in blocks)
+
+
+def _apply_blocks(blocks: Tensor | tuple[Tensor, ...], rhs: Tensor) -> Tensor:
+    r"""``diag(B_1, ..., B_G) @ rhs`` for ``rhs`` of shape ``m``, ``m x p`` or
+    ``batch x m x p``: one batched GEMM for stacked blocks, else one GEMM per block."""
+    vector = rhs.dim() == 1
+    out = rhs.unsqueeze(-1) if vector else rhs
+    if isinstance(blocks, Tensor):  # ... x G x s x s
+        groups, size = blocks.shape[-3], blocks.shape[-1]
+        out = blocks @ out.reshape(*out.shape[:-2], groups, size, out.shape[-1])
+        out = out.reshape(*out.shape[:-3], groups * size, out.shape[-1])
+    else:
+        pieces, start = [], 0
+        for block in blocks:
+            end = start + block.shape[-1]
+            pieces.append(block @ out[..., start:end, :])
+            start = end
+        batch = torch.broadcast_shapes(*(piece.shape[:-2] for piece in pieces))
+        out = torch.cat([piece.expand(*batch, *piece.shape[-2:]) for piece in pieces], -2)
     return out.squeeze(-1) if vector else out
 
 

@@ -384,7 +384,7 @@ class AdditiveWiskiGP(WiskiGP):
                 self.covar_module.kernels, interpolation.group_points(), strict=True
             )
         ]
-        return GridKernelRoot((torch.block_diag(*blocks) * len(blocks),))
+        return GridKernelRoot.block_diagonal([block * len(blocks) for block in blocks])
 
     REGRIDS_INTERPOLATION = True
     FACTORY_DATA_SPACE = True
