@@ -155,3 +155,18 @@ def test_block_congruence_values_and_gradients_equal_the_dense_ones(sizes):
             GridKernelRoot.block_diagonal(blocks).congruence(A),
             torch.block_diag(*blocks).mT @ A @ torch.block_diag(*blocks),
         )
+
+
+def test_block_products_carry_gradients_after_a_product_without_them():
+    """A product under no_grad first (e.g. a cached prediction) must not strip the graph
+    from a later differentiable product of the same root."""
+    torch.manual_seed(3)
+    leaves = [b.requires_grad_(True) for b in _lower_blocks((3, 3))]
+    root = GridKernelRoot.block_diagonal(leaves)
+    rhs = torch.randn(6, dtype=DT)
+    with torch.no_grad():
+        root.matmul(rhs)
+    grads = torch.autograd.grad(root.matmul(rhs).sum(), leaves)
+    expected = torch.autograd.grad((torch.block_diag(*leaves) @ rhs).sum(), leaves)
+    for a, b in zip(grads, expected, strict=True):
+        torch.testing.assert_close(a, b)

@@ -172,10 +172,12 @@ class GridKernelRoot:
                 start = end
         return GridKernelRoot((dense,), blocks=blocks)
 
-    @functools.cached_property
+    @property
     def _stacked_blocks(self) -> Tensor | tuple[Tensor, ...]:
         # Blocks of one shape (singleton groups of one grid size, the default) as one
-        # ... x G x s x s tensor: every product is then one batched GEMM.
+        # ... x G x s x s tensor: every product is then one batched GEMM. Stacked at each
+        # use (G s^2 values), never cached: a stack made under no_grad would carry no
+        # graph into a later differentiable product.
         blocks = self.blocks
         if len({block.shape for block in blocks}) == 1:
             return torch.stack(blocks, -3)
