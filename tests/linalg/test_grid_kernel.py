@@ -170,3 +170,15 @@ def test_block_products_carry_gradients_after_a_product_without_them():
     expected = torch.autograd.grad((torch.block_diag(*leaves) @ rhs).sum(), leaves)
     for a, b in zip(grads, expected, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_constant_congruence_of_a_batched_dense_root_with_one_statistic():
+    """A batch of dense roots (one per member) against one shared m x m statistic, without
+    gradients: a batch x m x m result (the preallocated m x m buffers do not apply)."""
+    torch.manual_seed(4)
+    L = torch.stack(_lower_blocks((5, 5)))  # 2 x 5 x 5
+    B = torch.randn(5, 5, dtype=DT)
+    A = B @ B.mT
+    with torch.no_grad():
+        result = GridKernelRoot((L,)).congruence(A)
+    torch.testing.assert_close(result, L.mT @ A @ L)

@@ -253,8 +253,10 @@ class GridKernelRoot:
         factors = list(self.factors)
         differentiable = [A, *factors, *([] if scale is None else [scale])]
         workspace = None
-        if A.dim() == 2 and not (
-            torch.is_grad_enabled() and any(t.requires_grad for t in differentiable)
+        if (
+            A.dim() == 2
+            and not self.batch_shape  # (batched factors make a batch x m x m result)
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in differentiable))
         ):  # a constant result: two m x m buffers, the passes alternating between them
             workspace = (torch.empty_like(A), torch.empty_like(A))
             first = self._apply([f.mT for f in factors], A, workspace)
