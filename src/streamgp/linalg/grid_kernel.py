@@ -275,12 +275,12 @@ class GridKernelRoot:
 
     def _block_congruence(self, A: Tensor, scale: Tensor | None) -> Tensor:
         # congruence() for a block-diagonal root, with the same halved backward pass.
-        blocks = self._stacked_blocks
+        blocks = self._stacked_blocks  # stacked once for both passes
         if A.requires_grad:
-            first = self.t_matmul(A).mT.contiguous()
+            first = _apply_blocks(_map_blocks(lambda b: b.mT, blocks), A).mT.contiguous()
         else:
             with torch.no_grad():
-                first = self.t_matmul(A).mT.contiguous()
+                first = _apply_blocks(_map_blocks(lambda b: b.mT, blocks), A).mT.contiguous()
             if torch.is_grad_enabled() and any(b.requires_grad for b in self.blocks):
                 blocks = _map_blocks(lambda b: 2 * b - b.detach(), blocks)
         if scale is not None:
