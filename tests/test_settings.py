@@ -70,6 +70,7 @@ def test_every_tuning_constant_is_the_default_where_it_is_used():
         "DEFAULT_CUDA_GRID_POINTS": [grids],
         "HIGH_DIM_POINTS_PER_UNIT": [grids],
         "DEFAULT_GROUP_GRID_SIZE": [additive_wiski],
+        "ADDITIVE_GRID_POINTS": [additive_wiski],
         "MAX_DENSE_GRID": [WiskiGP, KissGP],
         "STATISTICS_CHUNK": [WiskiGP, KissGP],
         "GRID_MARGIN": [grid],

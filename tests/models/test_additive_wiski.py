@@ -15,7 +15,11 @@ from botorch.sampling import SobolQMCNormalSampler
 from gpytorch.mlls import ExactMarginalLogLikelihood, SumMarginalLogLikelihood
 
 from streamgp import AdditiveWiskiGP
-from streamgp.models.additive_wiski import AdditiveGridInterpolation, check_groups
+from streamgp.models.additive_wiski import (
+    AdditiveGridInterpolation,
+    check_groups,
+    default_group_grid_sizes,
+)
 
 DT = torch.float64
 
@@ -181,6 +185,23 @@ def test_cost_per_point_is_sum_of_group_weights():
     assert weights.indices.shape[-1] == 10 * 4  # not 4^10
     assert model.interpolation.num_grid == 10 * 64
     assert torch.allclose(weights.values.sum(-1), torch.ones(20, dtype=DT))
+
+
+@pytest.mark.parametrize(
+    "dim,size", [(2, 64), (6, 64), (10, 64), (11, 58), (16, 40), (20, 32), (40, 32)]
+)
+def test_default_singleton_axes_share_a_grid_budget_beyond_ten_dimensions(dim, size):
+    singletons = [[i] for i in range(dim)]
+    assert default_group_grid_sizes(singletons) == [size] * dim
+    X, Y = _data(8, d=dim)
+    model = AdditiveWiskiGP(X, Y)
+    assert model.interpolation.axis_sizes == [size] * dim
+    assert model.interpolation.num_grid == size * dim
+    # a re-grid keeps the sizes; user groups of other sizes keep their own defaults
+    model = model.observe(X[:1] + 2.0, Y[:1])
+    assert model.interpolation.axis_sizes == [size] * dim
+    mixed = [[0, 1], *singletons[2:]]
+    assert default_group_grid_sizes(mixed) == [16] + [64] * (dim - 2)
 
 
 @pytest.mark.parametrize(

@@ -77,6 +77,8 @@ from streamgp.utils.validation import (
 
 #: See :data:`streamgp.settings.DEFAULT_GROUP_GRID_SIZE` (overridable here).
 DEFAULT_GROUP_GRID_SIZE = settings.DEFAULT_GROUP_GRID_SIZE
+#: See :data:`streamgp.settings.ADDITIVE_GRID_POINTS` (overridable here).
+ADDITIVE_GRID_POINTS = settings.ADDITIVE_GRID_POINTS
 #: Largest group (dimensions): a group's grid and its ``4^|S|`` weights grow
 #: exponentially with it, as WISKI's do with ``d``.
 MAX_GROUP_SIZE = 3
@@ -125,6 +127,31 @@ def check_groups(groups: object, dim: int) -> list[list[int]]:
     return checked
 
 
+def default_group_grid_sizes(groups: list[list[int]]) -> list[int]:
+    r"""The default points per axis of each group's grid.
+
+    ``DEFAULT_GROUP_GRID_SIZE`` by the group's size, except that singleton groups (the
+    default structure) share a budget of ``ADDITIVE_GRID_POINTS`` grid points once there
+    are more than ``ADDITIVE_GRID_POINTS // 64`` of them: the ``O(m^3)`` grid algebra
+    then stays that of ``d = 10`` while each axis keeps at least half its points.
+
+    Args:
+        groups: Lists of input dimensions (:func:`check_groups`).
+
+    Example:
+        >>> default_group_grid_sizes([[i] for i in range(10)])[0]
+        64
+        >>> default_group_grid_sizes([[i] for i in range(20)])[0]
+        32
+    """
+    sizes = [DEFAULT_GROUP_GRID_SIZE[len(group)] for group in groups]
+    if all(len(group) == 1 for group in groups) and sum(sizes) > ADDITIVE_GRID_POINTS:
+        singleton = DEFAULT_GROUP_GRID_SIZE[1]
+        size = max(singleton // 2, ADDITIVE_GRID_POINTS // len(groups))
+        sizes = [size] * len(groups)
+    return sizes
+
+
 class AdditiveGridInterpolation(GridBox):
     r"""Cubic interpolation onto one small grid per group, rows concatenated.
 
@@ -136,7 +163,7 @@ class AdditiveGridInterpolation(GridBox):
         bounds: ``2 x d`` box (transformed input space).
         groups: Lists of input dimensions (:func:`check_groups`).
         grid_size: Points per axis of every group's grid: an int, one int per group, or
-            None for ``DEFAULT_GROUP_GRID_SIZE`` by the group's size.
+            None for :func:`default_group_grid_sizes`.
 
     Example:
         >>> bounds = torch.tensor([[0.0] * 4, [1.0] * 4], dtype=torch.float64)
@@ -151,7 +178,7 @@ class AdditiveGridInterpolation(GridBox):
         self.bounds = bounds
         self.groups = [list(group) for group in groups]
         if grid_size is None:
-            sizes = [DEFAULT_GROUP_GRID_SIZE[len(group)] for group in self.groups]
+            sizes = default_group_grid_sizes(self.groups)
         elif isinstance(grid_size, int):
             sizes = [grid_size] * len(self.groups)
         else:
@@ -273,8 +300,8 @@ class AdditiveWiskiGP(WiskiGP):
             (:func:`~streamgp.interpolation.grid.data_grid_bounds`).
         groups: ``"singletons"`` (default), ``"pairs"`` or a list of lists of input
             dimensions (each 1 to 3 distinct dimensions; :func:`check_groups`).
-        grid_size: Points per axis of every group's grid (default by group size:
-            ``DEFAULT_GROUP_GRID_SIZE``).
+        grid_size: Points per axis of every group's grid (default:
+            :func:`default_group_grid_sizes`, 64 per singleton axis up to ``d = 10``).
         grid_bounds: ``2 x d`` box of the grids, in the transformed space. Default: the
             unit cube, or the data's box plus a margin with a learned input transform.
             A box the data pass is grown to cover them (see ``keep_data``); predictions
