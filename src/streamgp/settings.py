@@ -120,11 +120,9 @@ r"""Default points per axis of a group's grid, by the group's size (1, 2 or 3 di
 ADDITIVE_GRID_POINTS = 640
 r"""Total grid points aimed at by the default singleton groups of ``AdditiveWiskiGP``: 64
 points per axis up to ``d = 10``; beyond, ``640 // d`` per axis, but never fewer than
-half of ``DEFAULT_GROUP_GRID_SIZE[1]`` (32). The grid algebra costs ``O(m^3)``, and at
-``d = 20`` the 32-point axes (``m = 640``) cut a marginal likelihood evaluation from 206
-to 43 ms at the same test RMSE (StyblinskiTang-20, ``n = 600``, 19.5 against 19.8); a
-32-point axis over the default box interpolates an RBF kernel of lengthscale 0.1 (unit
-data range) to 7e-3, 64 points to 6e-4."""
+half of ``DEFAULT_GROUP_GRID_SIZE[1]`` (32). The grid algebra costs ``O(m^3)``; at
+``d = 20`` the 32-point axes (``m = 640``) cut a marginal-likelihood evaluation from
+162-193 to 47-50 ms at the same test RMSE (``benchmarks/additive_grid_budget.py``)."""
 MAX_DENSE_GRID = 4096
 r"""Largest grid (in points) whose ``m x m`` algebra a grid model forms densely; larger
 grids take the structured, LOVE-rooted path (decided at construction)."""
