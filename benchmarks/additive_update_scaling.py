@@ -5,8 +5,9 @@ The high-dimensional sibling of ``update_scaling.py``. Models (``d``-D inputs in
 fixed hyperparameters: lengthscale 0.3, output scale ``1 / d`` per group, noise 0.01,
 learned-constant mean at 0, no outcome transform):
 
-- ``additive_wiski``: :class:`~streamgp.AdditiveWiskiGP` (default singleton groups, 64
-  grid points per group, ``m = 64 d``) for n = 10^2 ... 10^5;
+- ``additive_wiski``: :class:`~streamgp.AdditiveWiskiGP` (default singleton groups and
+  grids: 64 points per group up to ``d = 10``, ``m = 64 d``; 32 at ``d = 20``, ``m = 640``)
+  for n = 10^2 ... 10^5;
 - ``exact``: BoTorch ``SingleTaskGP`` with the same additive kernel for n <= 4000
   (gpytorch's default settings, as in ``update_scaling.py``).
 
