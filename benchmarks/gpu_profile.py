@@ -11,7 +11,8 @@ For each, in float32 and float64: the median synchronised time, the kernel launc
 host synchronisations and memory copies per call, the time the device was busy, the
 Python-side time (cProfile's top functions by cumulative time) and torch.profiler's top
 operations by device time; for the marginal likelihood also the Lanczos and CG
-iteration counts (the products with the whitened statistic and their widths).
+iteration counts (the products with the whitened statistic and their widths), and its time and
+operations with each of ``--block-sizes`` as the Lanczos block size.
 
 Writes ``<out>/gpu_profile-<device>.json`` and ``<out>/gpu_profile-<device>.txt``.
 ``--device cpu --quick`` is the dry run.
@@ -35,7 +36,7 @@ from gpu_check import mll_model, mll_value_and_grad
 from hot_path_ops import STEPS, build, op_counts, step_inputs
 from torch.profiler import ProfilerActivity, profile
 
-from streamgp.linalg import structured
+from streamgp.linalg import love, structured
 from streamgp.utils.machine import machine_info, median_seconds, synchronize
 
 
@@ -120,7 +121,29 @@ def profile_mll(args, tkwargs: dict) -> dict:
     row["cg iterations"] = counted.cg_iterations
     row["device"] = _device_profile(value_and_grad, device)
     row["python"] = _python_profile(value_and_grad, 3)
+    row["by lanczos block size"] = _block_size_sweep(value_and_grad, args, device)
     return row
+
+
+def _block_size_sweep(value_and_grad: Callable[[], object], args, device) -> list[dict]:
+    r"""The same call with other Lanczos block sizes (``love.DEFAULT_BLOCK_SIZE``): wider
+    blocks mean fewer block iterations, so fewer launches and host reads, for a rank
+    that may overshoot by up to a block (more device work)."""
+    rows = []
+    default = love.DEFAULT_BLOCK_SIZE
+    try:
+        for block_size in args.block_sizes:
+            love.DEFAULT_BLOCK_SIZE = block_size
+            with _CountProducts() as counted:
+                value_and_grad()
+            sweep = {"block size": block_size, "products": sum(counted.products)}
+            sweep["ms"] = 1e3 * median_seconds(value_and_grad, repeats=args.repeats, warmup=True)
+            sweep.update(op_counts(value_and_grad, device))
+            print("  lanczos block size", sweep, flush=True)
+            rows.append(sweep)
+    finally:
+        love.DEFAULT_BLOCK_SIZE = default
+    return rows
 
 
 def profile_update(args, tkwargs: dict) -> dict:
@@ -147,6 +170,12 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument(
+        "--block-sizes",
+        type=lambda text: [int(v) for v in text.split(",")],
+        default=[64, 128, 256],
+        help="Lanczos block sizes the marginal likelihood is also timed with",
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gpu")
     args = parser.parse_args()
     torch.manual_seed(0)

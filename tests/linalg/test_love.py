@@ -192,6 +192,23 @@ def test_block_lanczos_relation_without_stored_products(case):
     assert (Q.T @ M @ Q - H).abs().max() <= 1e-10 * scale
 
 
+def test_block_lanczos_reads_the_default_block_size_at_call_time(monkeypatch):
+    """Overriding ``love.DEFAULT_BLOCK_SIZE`` (as streamgp.settings says) takes effect:
+    the first block, hence the rank of a one-block run, follows it."""
+    M = psd_matrix(512, 0.9)
+    widths = []
+
+    def matmul(V):
+        widths.append(V.shape[-1])
+        return M @ V
+
+    for block_size in (4, 16):
+        monkeypatch.setattr(love, "DEFAULT_BLOCK_SIZE", block_size)
+        widths.clear()
+        block_lanczos(matmul, M.trace(), 512, tol=0.5)
+        assert widths[0] == block_size
+
+
 @pytest.mark.parametrize("case", range(5))
 def test_block_lanczos_root_is_the_nystrom_root_of_its_basis(case):
     """The Nystrom root of the basis: R R^T <= M, equal to M on span(Q) and in M Q's

@@ -466,7 +466,7 @@ def block_lanczos(
     *,
     tol: float = DEFAULT_TOLERANCE,
     max_rank: int | None = None,
-    block_size: int = DEFAULT_BLOCK_SIZE,
+    block_size: int | None = None,
 ) -> BlockLanczosDecomposition:
     r"""Block Krylov basis of a PSD operator until ``tr(Q^T M Q) >= (1 - tol) tr(M)``.
 
@@ -477,6 +477,8 @@ def block_lanczos(
     """
     if not 0.0 <= tol < 1.0:
         raise ValueError(f"tol must be in [0, 1), got {tol}.")
+    if block_size is None:  # read at call time, so that overriding the module constant works
+        block_size = DEFAULT_BLOCK_SIZE
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}.")
     trace = torch.as_tensor(trace)
@@ -601,7 +603,7 @@ def block_lanczos_root(
     *,
     tol: float = DEFAULT_TOLERANCE,
     max_rank: int | None = None,
-    block_size: int = DEFAULT_BLOCK_SIZE,
+    block_size: int | None = None,
 ) -> LanczosRoot:
     r""":func:`lanczos_root` for one large operator, ``block_size`` vectors at a time.
 
@@ -623,7 +625,8 @@ def block_lanczos_root(
         size: ``m``.
         tol: Relative tolerance on the residual trace.
         max_rank: Optional cap on the rank (at most ``m``).
-        block_size: Vectors per block (at most ``m / 32``, at least one).
+        block_size: Vectors per block (at most ``m / 32``, at least one; default
+            ``DEFAULT_BLOCK_SIZE``).
 
     Returns:
         A :class:`LanczosRoot` with an ``m x k`` root.
