@@ -85,6 +85,7 @@ def test_every_tuning_constant_is_the_default_where_it_is_used():
         "LAPACK_MIN_SIZE": [factor],
         "QR_CHUNK": [softki],
         "SMALL_NOISE_RATIO": [softki],
+        "SOFTKI_FIT_MAXITER": [softki],
         "NOISE_CHECK_ROWS": [softki],
         "FAR_MARGIN": [SoftmaxPointInterpolation],
     }

@@ -79,6 +79,7 @@ __all__ = [
     "QR_CHUNK",
     "ROOT_UPDATE_MAX_FRACTION",
     "SMALL_NOISE_RATIO",
+    "SOFTKI_FIT_MAXITER",
     "STATISTICS_CHUNK",
     "ValueChecks",
     "cuda_graphs",
@@ -196,6 +197,13 @@ r"""``SoftKIGP.fit`` warns when a fixed noise variance is below the training res
 mean square over this ratio (``SmallFixedNoiseWarning``)."""
 NOISE_CHECK_ROWS = 1024
 r"""Training rows (evenly spaced) whose residuals that check reads."""
+SOFTKI_FIT_MAXITER = 200
+r"""L-BFGS-B iterations BoTorch's ``fit_gpytorch_mll`` spends on a ``SoftKIGP`` unless its
+``optimizer_kwargs`` set ``options["maxiter"]``. Its exact marginal likelihood over the
+learnable interpolation points keeps improving by overfitting when ``n`` is small (the
+default ``m = min(512, n)`` points are then the data): unbounded, L-BFGS-B ran 12,000-14,400
+iterations (95-130 s on 12-50 points, 650 s on 200) while the test RMSE was lowest at
+about 200 (``benchmarks/softki_fit_budget.py``)."""
 FAR_MARGIN = 0.5
 r"""How far beyond the bounding box of an online SoftKI model's points an input is "far"
 (``FarFromPointsWarning``), as a fraction of the box's largest side: its softmax

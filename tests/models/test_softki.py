@@ -649,3 +649,51 @@ def test_calibrate_noise_sets_the_residual_mean_square_and_repairs_the_nll():
     with pytest.raises(ValueError, match="noise floor 5"):
         high.calibrate_noise()
     assert _same(state, _state(high))
+
+
+def _fitted_steps(model, **fit_kwargs) -> list[int]:
+    """The L-BFGS-B steps BoTorch's fit_gpytorch_mll took on ``model``."""
+    steps = []
+    optimizer_kwargs = fit_kwargs.pop("optimizer_kwargs", {})
+    optimizer_kwargs["callback"] = lambda parameters, result: steps.append(result.step)
+    mll = ExactMarginalLogLikelihood(model.likelihood, model)
+    fit_gpytorch_mll(mll, optimizer_kwargs=optimizer_kwargs, **fit_kwargs)
+    assert not mll.training
+    return steps
+
+
+def test_fit_gpytorch_mll_caps_lbfgsb_unless_told(monkeypatch):
+    """Few points (m = n learnable points): unbounded, L-BFGS-B runs for thousands of
+    iterations while the predictions worsen; BoTorch's fit stops at the cap instead, and
+    a maxiter the caller passes, or another optimizer, is run as given."""
+    from streamgp.models import softki
+
+    torch.manual_seed(0)
+    X, Y = make_data(12)
+    monkeypatch.setattr(softki, "SOFTKI_FIT_MAXITER", 40)
+    steps = _fitted_steps(SoftKIGP(X, Y))
+    assert 0 < max(steps) <= 40
+    uncapped = {"options": {"maxiter": 100}}
+    assert max(_fitted_steps(SoftKIGP(X, Y), optimizer_kwargs=uncapped)) > 40
+    # through a ModelListGP too (BoTorch fits each member through its custom_fit)
+    from botorch.models import ModelListGP
+    from gpytorch.mlls import SumMarginalLogLikelihood
+
+    pair = ModelListGP(SoftKIGP(X, Y), SoftKIGP(X, -Y))
+    steps = []
+    fit_gpytorch_mll(
+        SumMarginalLogLikelihood(pair.likelihood, pair),
+        optimizer_kwargs={"callback": lambda parameters, result: steps.append(result.step)},
+    )
+    assert 0 < max(steps) <= 40
+    # another optimizer: its own arguments, nothing added
+    from botorch.optim.fit import fit_gpytorch_mll_torch
+
+    model = SoftKIGP(X, Y)
+    before = model.covar_module.lengthscale.clone()
+    fit_gpytorch_mll(
+        ExactMarginalLogLikelihood(model.likelihood, model),
+        optimizer=fit_gpytorch_mll_torch,
+        optimizer_kwargs={"step_limit": 3},
+    )
+    assert not torch.equal(model.covar_module.lengthscale, before)

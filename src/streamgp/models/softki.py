@@ -69,11 +69,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from botorch.fit import _fit_fallback
 from botorch.models.gpytorch import GPyTorchModel
 from botorch.models.model import FantasizeMixin
 from botorch.models.transforms.input import InputTransform
 from botorch.models.transforms.outcome import OutcomeTransform
 from botorch.models.utils.gpytorch_modules import MIN_INFERRED_NOISE_LEVEL
+from botorch.optim.fit import fit_gpytorch_mll_scipy
 from botorch.optim.utils import get_parameters_and_bounds
 from gpytorch.constraints import GreaterThan, Positive
 from gpytorch.distributions import MultivariateNormal
@@ -132,6 +134,8 @@ DEFAULT_RELATIVE_TEMPERATURE = 0.5
 QR_CHUNK = settings.QR_CHUNK
 #: See :data:`streamgp.settings.SMALL_NOISE_RATIO` (overridable here).
 SMALL_NOISE_RATIO = settings.SMALL_NOISE_RATIO
+#: See :data:`streamgp.settings.SOFTKI_FIT_MAXITER` (overridable here).
+SOFTKI_FIT_MAXITER = settings.SOFTKI_FIT_MAXITER
 #: See :data:`streamgp.settings.NOISE_CHECK_ROWS` (overridable here).
 NOISE_CHECK_ROWS = settings.NOISE_CHECK_ROWS
 
@@ -683,6 +687,46 @@ class SoftKIGP(
         for _, module, prior, closure, _ in self.named_priors():
             loss = loss - prior.log_prob(closure(module)).sum() / n
         return loss
+
+    def custom_fit(
+        self,
+        mll: Any,
+        closure: Any = None,
+        closure_kwargs: dict[str, Any] | None = None,
+        optimizer_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        r"""What BoTorch's ``fit_gpytorch_mll`` runs for this model: its usual fit, with
+        L-BFGS-B capped at ``SOFTKI_FIT_MAXITER`` iterations unless ``optimizer_kwargs``
+        set ``options["maxiter"]`` (another ``optimizer`` is run as given).
+
+        With few observations the marginal likelihood over the learnable interpolation
+        points has no useful optimum: it keeps rising as the points and the noise fit
+        the data ever closer, and the predictions get worse (see
+        :data:`streamgp.settings.SOFTKI_FIT_MAXITER`), as the paper's fixed number of
+        Adam epochs (:meth:`fit`) also avoids.
+
+        Example:
+            >>> from botorch.fit import fit_gpytorch_mll
+            >>> from gpytorch.mlls import ExactMarginalLogLikelihood
+            >>> X = torch.rand(12, 2, dtype=torch.float64)
+            >>> model = SoftKIGP(X, torch.sin(6 * X).sum(-1, keepdim=True))
+            >>> mll = fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
+            >>> mll.training
+            False
+        """
+        optimizer = kwargs.get("optimizer", fit_gpytorch_mll_scipy)
+        if optimizer is fit_gpytorch_mll_scipy:
+            optimizer_kwargs = dict(optimizer_kwargs or {})
+            options = {"maxiter": SOFTKI_FIT_MAXITER, **(optimizer_kwargs.get("options") or {})}
+            optimizer_kwargs["options"] = options
+        return _fit_fallback(
+            mll,
+            closure=closure,
+            closure_kwargs=closure_kwargs,
+            optimizer_kwargs=optimizer_kwargs,
+            **kwargs,
+        )
 
     def fit(
         self,
