@@ -69,3 +69,41 @@ def test_autograd_goes_through_torch():
     assert L.requires_grad
     (grad,) = torch.autograd.grad(L.diagonal().log().sum(), A)
     assert torch.allclose(grad, 0.5 * torch.linalg.inv(A.detach()), rtol=1e-8, atol=1e-10)
+
+
+def test_lapack_runs_on_torchs_thread_count_and_restores_blas(monkeypatch):
+    """SciPy's BLAS would otherwise use a thread per core whatever torch.set_num_threads
+    says (oversubscribed, a 600 x 600 potrf took up to 30x longer on a loaded VM)."""
+    from streamgp.linalg import factor
+
+    pools = factor._blas_pools()
+    if not pools.lib_controllers:
+        pytest.skip("no BLAS library that threadpoolctl can control")
+    seen = []
+    real = factor.lapack.get_lapack_funcs
+
+    def spying(names, arrays):
+        funcs = real(names, arrays)
+
+        def wrap(func):
+            def call(*args, **kwargs):
+                seen.append([lib.get_num_threads() for lib in pools.lib_controllers])
+                return func(*args, **kwargs)
+
+            return call
+
+        return tuple(wrap(func) for func in funcs)
+
+    monkeypatch.setattr(factor.lapack, "get_lapack_funcs", spying)
+    A = torch.randn(200, 200, dtype=torch.float64)
+    A = A @ A.T + 200 * torch.eye(200, dtype=torch.float64)
+    threads = torch.get_num_threads()
+    with pools.limit(limits=2):  # BLAS on two threads, as on a 2-core machine by default
+        before = [lib.get_num_threads() for lib in pools.lib_controllers]
+        try:
+            torch.set_num_threads(1)
+            cholesky_inverse(cholesky(A))
+        finally:
+            torch.set_num_threads(threads)
+        assert len(seen) == 2 and all(counts == [1] * len(before) for counts in seen)
+        assert [lib.get_num_threads() for lib in pools.lib_controllers] == before
