@@ -123,7 +123,7 @@ r"""Total grid points aimed at by the default singleton groups of ``AdditiveWisk
 points per axis up to ``d = 10``; beyond, ``640 // d`` per axis, but never fewer than
 half of ``DEFAULT_GROUP_GRID_SIZE[1]`` (32). The grid algebra costs ``O(m^3)``; at
 ``d = 20`` the 32-point axes (``m = 640``) cut a marginal-likelihood evaluation from
-162-193 to 47-50 ms at the same test RMSE (``benchmarks/additive_grid_budget.py``)."""
+174-204 to 53-63 ms at the same test RMSE (``benchmarks/additive_grid_budget.py``)."""
 MAX_DENSE_GRID = 4096
 r"""Largest grid (in points) whose ``m x m`` algebra a grid model forms densely; larger
 grids take the structured, LOVE-rooted path (decided at construction)."""
@@ -202,8 +202,8 @@ r"""L-BFGS-B iterations BoTorch's ``fit_gpytorch_mll`` spends on a ``SoftKIGP`` 
 ``optimizer_kwargs`` set ``options["maxiter"]``. Its exact marginal likelihood over the
 learnable interpolation points keeps improving by overfitting when ``n`` is small (the
 default ``m = min(512, n)`` points are then the data): unbounded, L-BFGS-B ran 12,000-14,400
-iterations (95-130 s on 12-50 points, 650 s on 200) while the test RMSE was lowest at
-about 200 (``benchmarks/softki_fit_budget.py``)."""
+iterations (95-130 s on 12-50 points, 590-650 s on 200) while the test RMSE was lowest
+at 200-300 (``benchmarks/softki_fit_budget.py``)."""
 FAR_MARGIN = 0.5
 r"""How far beyond the bounding box of an online SoftKI model's points an input is "far"
 (``FarFromPointsWarning``), as a fraction of the box's largest side: its softmax
