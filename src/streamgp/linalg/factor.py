@@ -18,7 +18,7 @@ torch's intra-op thread count instead (``torch.set_num_threads``, through
 ``threadpoolctl``, restored after the call): on the shared 2-core VM with other jobs
 running, a 600 x 600 ``potrf`` on SciPy's two default threads took 8-110 ms against
 3-4 ms on one, which made ``WiskiGP``'s data-space marginal likelihood at
-``d = 10``, ``n = 600`` 183-242 against 87-121 ms. Tensors on other devices, in other
+``d = 10``, ``n = 600`` 183-242 against 87-144 ms. Tensors on other devices, in other
 dtypes, batched, small, or that autograd must differentiate take torch's path.
 """
 
