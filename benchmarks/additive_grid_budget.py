@@ -72,7 +72,9 @@ def counted_fit(model) -> tuple[int, float]:
     return count[0], time.perf_counter() - start
 
 
-def fit_rows(n: int, extra: int, num_test: int, seed: int) -> list[dict]:
+def styblinskitang_data(num_train: int, num_test: int, seed: int):
+    r"""``num_train`` uniform noisy points of the BO table's StyblinskiTang-20 (noise sd 20,
+    negated), and ``num_test`` uniform test points with their noiseless values."""
     function = StyblinskiTang(dim=DIM, noise_std=20.0, negate=True)
     bounds = function.bounds.to(torch.float64)
     generator = torch.Generator().manual_seed(seed)
@@ -81,11 +83,15 @@ def fit_rows(n: int, extra: int, num_test: int, seed: int) -> list[dict]:
         unit = torch.rand(count, DIM, generator=generator, dtype=torch.float64)
         return bounds[0] + (bounds[1] - bounds[0]) * unit
 
-    X = uniform(n + extra)
+    X = uniform(num_train)
     torch.manual_seed(seed)
     Y = function(X).unsqueeze(-1)
     X_test = uniform(num_test)
-    Y_test = -function.evaluate_true(X_test)  # evaluate_true does not negate
+    return X, Y, X_test, -function.evaluate_true(X_test)  # evaluate_true does not negate
+
+
+def fit_rows(n: int, extra: int, num_test: int, seed: int) -> list[dict]:
+    X, Y, X_test, Y_test = styblinskitang_data(n + extra, num_test, seed)
     rows = []
     for name, make in MODELS.items():
         model = make(X[:n], Y[:n])

@@ -29,9 +29,8 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from additive_grid_budget import DIM, counted_fit
+from additive_grid_budget import DIM, counted_fit, styblinskitang_data
 from botorch.models.transforms import Normalize
-from botorch.test_functions import StyblinskiTang
 from gpytorch.means import ZeroMean
 
 from streamgp import AdditiveWiskiGP
@@ -55,19 +54,7 @@ def constant_at_its_optimum(model) -> float:
 
 
 def rows_for_seed(n: int, extras: list[int], num_test: int, seed: int) -> list[dict]:
-    function = StyblinskiTang(dim=DIM, noise_std=20.0, negate=True)
-    bounds = function.bounds.to(torch.float64)
-    generator = torch.Generator().manual_seed(seed)
-
-    def uniform(count):
-        unit = torch.rand(count, DIM, generator=generator, dtype=torch.float64)
-        return bounds[0] + (bounds[1] - bounds[0]) * unit
-
-    X = uniform(n + max(extras))
-    torch.manual_seed(seed)
-    Y = function(X).unsqueeze(-1)
-    X_test = uniform(num_test)
-    Y_test = -function.evaluate_true(X_test)  # evaluate_true does not negate
+    X, Y, X_test, Y_test = styblinskitang_data(n + max(extras), num_test, seed)
 
     def make(count, **kwargs):
         return AdditiveWiskiGP(X[:count], Y[:count], input_transform=Normalize(DIM), **kwargs)
