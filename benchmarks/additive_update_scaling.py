@@ -29,13 +29,16 @@ Build time (construction, hyperparameters, the first prediction) is reported
 separately. Results go to ``benchmarks/results/additive_update_scaling.{json,csv}``.
 
 Usage: ``python benchmarks/additive_update_scaling.py [--quick] [--dims 6,10,20]
-[--repeats R] [--out DIR]``.
+[--repeats R] [--device cuda] [--sizes 100,...] [--exact-sizes 100,...] [--out DIR]``. Every
+timing ends with a device synchronisation, so on CUDA it measures the work, not its launch; a
+run on a GPU writes ``additive_update_scaling-<gpu-name>.{json,csv}``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import time
@@ -49,7 +52,7 @@ from gpytorch.mlls import ExactMarginalLogLikelihood
 
 from streamgp import AdditiveWiskiGP
 from streamgp.models.additive_wiski import additive_kernel, check_groups
-from streamgp.utils.machine import machine_info
+from streamgp.utils.machine import machine_info, synchronize
 
 Q, T = 3, 16
 LENGTHSCALE, NOISE = 0.3, 0.01
@@ -66,6 +69,7 @@ def time_update(model, d, tkwargs, repeats, streaming=False):
     for _ in range(repeats):
         Xq, Yq = data(Q, d, tkwargs)
         Xs = torch.rand(T, d, **tkwargs)
+        synchronize()
         start = time.perf_counter()
         if streaming:
             updated = model.observe(Xq, Yq)
@@ -73,6 +77,7 @@ def time_update(model, d, tkwargs, repeats, streaming=False):
             updated = model.condition_on_observations(Xq, Yq)
         post = updated.posterior(Xs)
         post.mean, post.variance  # noqa: B018 (force evaluation)
+        synchronize()
         times.append(time.perf_counter() - start)
     return times
 
@@ -83,6 +88,7 @@ def time_mll(model, repeats):
     with torch.enable_grad():
         for _ in range(repeats):
             model.zero_grad(set_to_none=True)
+            synchronize()
             start = time.perf_counter()
             if isinstance(model, AdditiveWiskiGP):
                 value = model.fit_objective()[0]
@@ -91,6 +97,7 @@ def time_mll(model, repeats):
                 X = model.train_inputs[0]
                 value = mll(model(X), model.train_targets)
             value.backward()
+            synchronize()
             times.append(time.perf_counter() - start)
     return times
 
@@ -140,10 +147,13 @@ def main():
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--repeats", type=int, default=None, help="timings per size and op")
+    parser.add_argument("--device", default="cpu", help="torch device (timings synchronised)")
+    parser.add_argument("--sizes", default=None, help="additive WISKI's n values, comma-separated")
+    parser.add_argument("--exact-sizes", default=None, help="the exact GP's n values")
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    tkwargs = {"dtype": torch.float64, "device": torch.device("cpu")}
+    tkwargs = {"dtype": torch.float64, "device": torch.device(args.device)}
     torch.manual_seed(0)
     dims = [int(v) for v in args.dims.split(",")]
     sizes = {"additive_wiski": [100, 1000, 10_000, 100_000], "exact": [100, 1000, 4000]}
@@ -160,6 +170,9 @@ def main():
         repeats = mll_repeats = {"additive_wiski": 4, "exact": 3}
     if args.repeats is not None:
         repeats = mll_repeats = dict.fromkeys(repeats, args.repeats)
+    for kind, given in (("additive_wiski", args.sizes), ("exact", args.exact_sizes)):
+        if given is not None:
+            sizes[kind] = [int(v) for v in given.split(",") if v]
     rows = []
     torch.set_grad_enabled(False)  # updates: prediction caches without autograd graphs
     for d in dims:
@@ -172,6 +185,7 @@ def main():
             for n in ns:
                 start = time.perf_counter()
                 models[n] = build(kind, n, d, tkwargs)
+                synchronize()
                 build_s[n] = time.perf_counter() - start
                 print(f"d={d:>2} {kind:>14} n={n:>7}: built in {build_s[n]:.2f} s", flush=True)
             for op in ops[kind]:
@@ -241,7 +255,7 @@ def main():
             summary[f"d{d}_wiski_cheaper_{op}_from_n"] = from_n
     commit, src_dirty = git_commit()
     machine = machine_info(
-        "cpu",
+        args.device,
         dtype="float64",
         git_commit=commit,
         src_uncommitted_changes=src_dirty,
@@ -249,6 +263,8 @@ def main():
     )
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "additive_update_scaling" + ("_quick" if args.quick else "")
+    if tkwargs["device"].type != "cpu":
+        stem += "-" + re.sub(r"[^a-z0-9]+", "-", machine.get("gpu", args.device).lower()).strip("-")
     frame.to_csv(args.out / f"{stem}.csv", index=False)
     (args.out / f"{stem}.json").write_text(
         json.dumps({"machine": machine, "summary": summary, "rows": rows}, indent=2)

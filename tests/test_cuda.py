@@ -59,6 +59,7 @@ from test_device_sync import BOUNDS
 from test_device_sync import build as build_wiski
 
 from streamgp.models import (
+    AdditiveWiskiGP,
     DecoupledSVGP,
     KissGP,
     LocalGP,
@@ -144,6 +145,14 @@ CASES = {
         lambda **tkwargs: build_wiski(60, None, 2, shared=False, **tkwargs)
     ),
     "WiskiGP structured grid": Case(_structured_wiski, mll=False, float32_tolerance=5e-3),
+    "AdditiveWiskiGP grid space": Case(
+        _from_data(80, lambda X, Y, **kw: AdditiveWiskiGP(X, Y, grid_size=16, **kw))
+    ),
+    "AdditiveWiskiGP data space, one pair": Case(
+        _from_data(
+            30, lambda X, Y, **kw: AdditiveWiskiGP(X, Y, groups=[[0, 1]], grid_size=12, **kw)
+        )
+    ),
     "KissGP": Case(_from_data(60, lambda X, Y, **kw: KissGP(X, Y, grid_size=10, **kw))),
     "SoftKIGP": Case(
         _from_data(80, lambda X, Y, **kw: SoftKIGP(X, Y, num_inducing=12, **kw)), observe=False
