@@ -1,7 +1,8 @@
 r"""WISKI's hot paths and host synchronisation.
 
 On a GPU, reading a tensor value on the host (``bool(t)``, ``t.item()``, the ``info`` of a
-checked factorisation) waits for the device. A ``WiskiGP``'s ``observe``,
+checked factorisation) waits for the device. A ``WiskiGP``'s (and an ``AdditiveWiskiGP``'s:
+singleton groups in grid space, one pair of inputs in data space) ``observe``,
 ``condition_on_observations``, posterior (mean and the lazy covariance's variances):
 
 - read the host at most once per call by default (their value checks are read together,
@@ -28,7 +29,7 @@ import pytest
 import torch
 from botorch.models.transforms import Normalize, Standardize
 
-from streamgp import WiskiGP
+from streamgp import AdditiveWiskiGP, WiskiGP
 from streamgp.settings import skip_value_checks
 
 BOUNDS = torch.tensor([[-1.0, 0.0], [1.0, 2.0]])
@@ -88,6 +89,50 @@ def build(n: int, limit: int | None, num_outputs: int, shared: bool = True, **tk
     return model
 
 
+def build_additive(n: int, groups: str | list[list[int]], **tkwargs) -> AdditiveWiskiGP:
+    r"""An additive model on :func:`build`'s data: singleton groups (32 points each, so
+    ``m = 64``) or one pair (a 12 x 12 grid), on the unit box of the normalised inputs,
+    so the stream steps below neither re-grid nor refactorise (a batch of ``q`` rows is
+    absorbed by a rank-``q`` update while ``q <= m / 4``, see ``ROOT_UPDATE_MAX_FRACTION``)."""
+    generator = torch.Generator().manual_seed(n)
+    U = torch.rand(n, 2, generator=generator, dtype=torch.float64)
+    bounds = BOUNDS.to(torch.float64)
+    X = bounds[0] + (bounds[1] - bounds[0]) * U
+    Y = torch.sin(3 * X).sum(-1, keepdim=True)
+    model = AdditiveWiskiGP(
+        X.to(**tkwargs),
+        Y.to(**tkwargs),
+        groups=groups,
+        grid_size=32 if groups == "singletons" else 12,
+        grid_bounds=torch.tensor([[0.0, 0.0], [1.0, 1.0]], **tkwargs),
+        input_transform=Normalize(2, bounds=bounds.to(**tkwargs)),
+        outcome_transform=Standardize(1),
+    )
+    for part in model.covar_module.kernels:
+        part.base_kernel.lengthscale = 0.3
+    model.likelihood.noise = 0.01
+    return model
+
+
+#: Single-output models: WiskiGP in data and grid space; AdditiveWiskiGP with singleton
+#: groups (grid space) and with one pair of inputs (data space).
+SINGLE_OUTPUT_MODELS = {
+    "data space": lambda **tkwargs: build(30, None, 1, **tkwargs),
+    "grid space": lambda **tkwargs: build(200, 0, 1, **tkwargs),
+    "additive, grid space": lambda **tkwargs: build_additive(200, "singletons", **tkwargs),
+    "additive pair, data space": lambda **tkwargs: build_additive(20, [[0, 1]], **tkwargs),
+}
+MODELS = pytest.mark.parametrize("kind", list(SINGLE_OUTPUT_MODELS))
+ADDITIVE_MODELS = pytest.mark.parametrize(
+    "kind", [kind for kind in SINGLE_OUTPUT_MODELS if kind.startswith("additive")]
+)
+
+
+def raw_lengthscales(model: WiskiGP) -> list[torch.Tensor]:
+    r"""The kernel's raw lengthscale parameters (one per group of an additive kernel)."""
+    return [p for name, p in model.named_parameters() if name.endswith("raw_lengthscale")]
+
+
 #: One output; two sharing their hyperparameters (data or grid space); two with their own
 #: (batch members: grid space whatever the limit).
 OUTPUT_CASES = pytest.mark.parametrize(
@@ -133,21 +178,19 @@ def stream_steps(model: WiskiGP, inputs: dict) -> list[torch.Tensor]:
         fantasy = model.condition_on_observations(fantasy_X, fantasy_Y)
         out.append(fantasy.posterior(fantasy_test_X).mean)
     value, _ = model.fit_objective()  # (one value per output with their own hyperparameters)
-    (grad,) = torch.autograd.grad(value.sum(), model.covar_module.raw_lengthscale)
-    return [*out, value.detach(), grad]
+    grads = torch.autograd.grad(value.sum(), raw_lengthscales(model))
+    return [*out, value.detach(), *grads]
 
 
 def run_stream_steps(model: WiskiGP, steps: int = 4) -> list[torch.Tensor]:
     return stream_steps(model, stream_inputs(model, steps))
 
 
-@OUTPUT_CASES
-@pytest.mark.parametrize("n, limit", [(30, None), (200, 0)], ids=["data space", "grid space"])
-def test_hot_paths_read_nothing_on_the_host_and_give_the_checked_results(
-    n, limit, num_outputs, shared
-):
-    checked = run_stream_steps(build(n, limit, num_outputs, shared, dtype=torch.float64))
-    model = build(n, limit, num_outputs, shared, dtype=torch.float64)
+def assert_unchecked_steps_read_nothing_and_agree(build_model) -> None:
+    r"""The stream steps inside ``skip_value_checks`` read nothing on the host and give
+    what they give with the checks on (two models from ``build_model()``)."""
+    checked = run_stream_steps(build_model())
+    model = build_model()
     model.posterior(BOUNDS.to(torch.float64))  # the first factorisation, outside the check
     inputs = stream_inputs(model)
     with skip_value_checks(), no_host_reads():
@@ -155,6 +198,23 @@ def test_hot_paths_read_nothing_on_the_host_and_give_the_checked_results(
     assert len(unchecked) == len(checked)
     for a, b in zip(unchecked, checked, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+@OUTPUT_CASES
+@pytest.mark.parametrize("n, limit", [(30, None), (200, 0)], ids=["data space", "grid space"])
+def test_hot_paths_read_nothing_on_the_host_and_give_the_checked_results(
+    n, limit, num_outputs, shared
+):
+    assert_unchecked_steps_read_nothing_and_agree(
+        lambda: build(n, limit, num_outputs, shared, dtype=torch.float64)
+    )
+
+
+@ADDITIVE_MODELS
+def test_additive_hot_paths_read_nothing_on_the_host_and_give_the_checked_results(kind):
+    assert_unchecked_steps_read_nothing_and_agree(
+        lambda: SINGLE_OUTPUT_MODELS[kind](dtype=torch.float64)
+    )
 
 
 def test_the_probe_catches_a_host_read():
@@ -182,10 +242,10 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 
 @cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("n, limit", [(30, None), (200, 0)], ids=["data space", "grid space"])
-def test_cuda_hot_paths_do_not_synchronise_and_agree_with_cpu(n, limit, dtype):
-    expected = run_stream_steps(build(n, limit, 1, dtype=torch.float64))
-    model = build(n, limit, 1, dtype=dtype, device="cuda")
+@MODELS
+def test_cuda_hot_paths_do_not_synchronise_and_agree_with_cpu(kind, dtype):
+    expected = run_stream_steps(SINGLE_OUTPUT_MODELS[kind](dtype=torch.float64))
+    model = SINGLE_OUTPUT_MODELS[kind](dtype=dtype, device="cuda")
     model.posterior(BOUNDS.to(dtype=dtype, device="cuda"))
     inputs = stream_inputs(model)  # host-to-device copies synchronise: before the check
     torch.cuda.synchronize()
@@ -214,17 +274,20 @@ def counted_host_reads() -> Iterator[list[str]]:
 
     saved = {name: getattr(torch.Tensor, name) for name in _HOST_READS}
     saved_linalg = {name: getattr(torch.linalg, name) for name in _CHECKED_LINALG}
+    saved_equal = torch.equal
     try:
         for name, method in saved.items():
             setattr(torch.Tensor, name, counting(f"Tensor.{name}", method))
         for name, function in saved_linalg.items():
             setattr(torch.linalg, name, counting(f"torch.linalg.{name}", function))
+        torch.equal = counting("torch.equal", saved_equal)
         yield reads
     finally:
         for name, method in saved.items():
             setattr(torch.Tensor, name, method)
         for name, function in saved_linalg.items():
             setattr(torch.linalg, name, function)
+        torch.equal = saved_equal
 
 
 #: Host reads (CPU) or synchronisations (CUDA) per public call with the value checks on.
@@ -268,6 +331,14 @@ def reads_per_call(model: WiskiGP, inputs: dict, counter=counted_host_reads) -> 
 def test_checked_hot_paths_read_the_host_at_most_once_per_call(n, limit, num_outputs, shared):
     # Default mode (value checks on): each call's checks are read together, once.
     model = build(n, limit, num_outputs, shared, dtype=torch.float64)
+    model.posterior(BOUNDS.to(torch.float64))  # the first factorisation, outside the count
+    most = reads_per_call(model, stream_inputs(model))
+    assert most == ONE_READ_PER_CALL
+
+
+@ADDITIVE_MODELS
+def test_additive_checked_hot_paths_read_the_host_at_most_once_per_call(kind):
+    model = SINGLE_OUTPUT_MODELS[kind](dtype=torch.float64)
     model.posterior(BOUNDS.to(torch.float64))  # the first factorisation, outside the count
     most = reads_per_call(model, stream_inputs(model))
     assert most == ONE_READ_PER_CALL
@@ -336,9 +407,9 @@ def counted_cuda_syncs() -> Iterator[list]:
 
 @cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("n, limit", [(30, None), (200, 0)], ids=["data space", "grid space"])
-def test_cuda_checked_hot_paths_synchronise_at_most_once_per_call(n, limit, dtype):
-    model = build(n, limit, 1, dtype=dtype, device="cuda")
+@MODELS
+def test_cuda_checked_hot_paths_synchronise_at_most_once_per_call(kind, dtype):
+    model = SINGLE_OUTPUT_MODELS[kind](dtype=dtype, device="cuda")
     model.posterior(BOUNDS.to(dtype=dtype, device="cuda"))
     inputs = stream_inputs(model)
     torch.cuda.synchronize()
@@ -346,17 +417,17 @@ def test_cuda_checked_hot_paths_synchronise_at_most_once_per_call(n, limit, dtyp
     assert most == ONE_READ_PER_CALL
 
 
-@pytest.mark.parametrize("n, limit", [(30, None), (200, 0)], ids=["data space", "grid space"])
-def test_checked_marginal_likelihood_reads_the_host_once(n, limit):
-    model = build(n, limit, 1, dtype=torch.float64)
+@MODELS
+def test_checked_marginal_likelihood_reads_the_host_once(kind):
+    model = SINGLE_OUTPUT_MODELS[kind](dtype=torch.float64)
     model.train()
     expected, _ = model.fit_objective()
     with counted_host_reads() as reads:
         value, _ = model.fit_objective()
-        (grad,) = torch.autograd.grad(value, model.covar_module.raw_lengthscale)
-    assert len(reads) == 1
+        grads = torch.autograd.grad(value, raw_lengthscales(model))
+    assert len(reads) == 1, reads
     torch.testing.assert_close(value, expected)
-    assert torch.isfinite(grad).all()
+    assert all(torch.isfinite(grad).all() for grad in grads)
 
 
 def test_a_failed_marginal_likelihood_factorisation_is_computed_again_checked(monkeypatch):
@@ -381,13 +452,13 @@ def test_a_failed_marginal_likelihood_factorisation_is_computed_again_checked(mo
 
 @cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("n, limit", [(30, None), (200, 0)], ids=["data space", "grid space"])
-def test_cuda_checked_marginal_likelihood_synchronises_at_most_once(n, limit, dtype):
-    model = build(n, limit, 1, dtype=dtype, device="cuda")
+@MODELS
+def test_cuda_checked_marginal_likelihood_synchronises_at_most_once(kind, dtype):
+    model = SINGLE_OUTPUT_MODELS[kind](dtype=dtype, device="cuda")
     model.train()
     model.fit_objective()
     torch.cuda.synchronize()
     with counted_cuda_syncs() as syncs:
         value, _ = model.fit_objective()
-        torch.autograd.grad(value, model.covar_module.raw_lengthscale)
+        torch.autograd.grad(value, raw_lengthscales(model))
     assert len(syncs) <= 1

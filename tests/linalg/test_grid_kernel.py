@@ -182,3 +182,49 @@ def test_constant_congruence_of_a_batched_dense_root_with_one_statistic():
     with torch.no_grad():
         result = GridKernelRoot((L,)).congruence(A)
     torch.testing.assert_close(result, L.mT @ A @ L)
+
+
+def test_stacked_rbf_roots_equal_one_factorisation_per_kernel_with_their_gradients():
+    # An additive kernel's parts: singletons and pairs (two shapes, so two stacks), scaled
+    # and unscaled, each with active_dims into a 4-D input (not applied: own coordinates).
+    from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
+
+    from streamgp.linalg.grid_kernel import is_scaled_rbf, stacked_rbf_roots
+
+    kernels = [
+        ScaleKernel(RBFKernel(active_dims=torch.tensor([0]))),
+        RBFKernel(active_dims=torch.tensor([3])),
+        ScaleKernel(RBFKernel(ard_num_dims=2, active_dims=torch.tensor([1, 2]))),
+        ScaleKernel(RBFKernel(ard_num_dims=2, active_dims=torch.tensor([0, 3]))),
+    ]
+    for i, kernel in enumerate(kernels):
+        kernel.double()
+        base = kernel.base_kernel if isinstance(kernel, ScaleKernel) else kernel
+        base.lengthscale = 0.2 + 0.1 * i * torch.arange(1, base.lengthscale.shape[-1] + 1)
+        if isinstance(kernel, ScaleKernel):
+            kernel.outputscale = 0.5 + i
+    axis = torch.linspace(0, 1, 9, dtype=torch.float64)
+    pair = torch.cartesian_prod(axis[:6], axis[:6])
+    points = [axis.unsqueeze(-1), axis.unsqueeze(-1), pair, pair]
+    assert all(is_scaled_rbf(kernel) for kernel in kernels)
+    assert not is_scaled_rbf(ScaleKernel(MaternKernel()))
+
+    stacked = stacked_rbf_roots(kernels, points)
+    one_by_one = []  # gpytorch's own evaluation, on the points embedded in 4-D
+    for kernel, P in zip(kernels, points, strict=True):
+        full = P.new_zeros(len(P), 4)
+        full[:, kernel.active_dims] = P
+        one_by_one.append(cholesky_with_jitter(kernel(full).to_dense())[0])
+    # (L L^T, not L: the trailing columns of a factor of these numerically singular
+    # matrices amplify the kernels' last-bit differences to ~1e-8.)
+    for a, b in zip(stacked, one_by_one, strict=True):
+        torch.testing.assert_close(a @ a.mT, b @ b.mT, rtol=1e-12, atol=1e-12)
+    parameters = [p for kernel in kernels for p in kernel.parameters()]
+
+    def loss(roots):
+        return sum((L @ L.mT).square().sum() for L in roots)
+
+    grads = torch.autograd.grad(loss(stacked), parameters)
+    expected = torch.autograd.grad(loss(one_by_one), parameters)
+    for a, b in zip(grads, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)

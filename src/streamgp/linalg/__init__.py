@@ -8,8 +8,10 @@ from streamgp.linalg.grid_kernel import (
     grid_kernel_factors,
     grid_kernel_matrix,
     grid_kernel_root,
+    is_scaled_rbf,
     is_separable,
     jittered_cholesky,
+    stacked_rbf_roots,
 )
 from streamgp.linalg.love import (
     LanczosRoot,
@@ -55,7 +57,9 @@ __all__ = [
     "SparsePosterior",
     "cholesky_with_jitter",
     "grid_kernel_factors",
+    "is_scaled_rbf",
     "is_separable",
+    "stacked_rbf_roots",
     "LowRankCorrection",
     "factorize",
     "fold_low_rank",

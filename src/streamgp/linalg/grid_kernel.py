@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -559,12 +560,75 @@ def _separable_kernel_matrix(covar_module: Kernel, points: Tensor) -> Tensor:
     if batch:  # the points' leading dims (axes) go before the kernel's batch dims
         lead = points.shape[:-2]
         points = points.reshape(*lead, *([1] * len(batch)), *points.shape[-2:])
-    x = points / lengthscale
-    K = postprocess_rbf((x.unsqueeze(-2) - x.unsqueeze(-3)).square().sum(-1))
+    K = _rbf_matrix(points, lengthscale)
     if isinstance(covar_module, ScaleKernel):
         scale = covar_module.outputscale
         K = K * (scale[..., None, None] if batch else scale.reshape(()))
     return K
+
+
+def _rbf_matrix(points: Tensor, lengthscale: Tensor) -> Tensor:
+    r"""``exp(-|x - x'|^2 / 2)`` of ``points / lengthscale`` (gpytorch's RBF formula)."""
+    x = points / lengthscale
+    return postprocess_rbf((x.unsqueeze(-2) - x.unsqueeze(-3)).square().sum(-1))
+
+
+def is_scaled_rbf(kernel: Kernel) -> bool:
+    r"""True for an RBF kernel, optionally scaled, with no batch shape (any ``active_dims``)."""
+    base = _base_kernel(kernel)
+    return type(base) is RBFKernel and not kernel.batch_shape and not base.batch_shape
+
+
+def stacked_rbf_roots(kernels: Sequence[Kernel], points: Sequence[Tensor]) -> list[Tensor]:
+    r"""Jittered Cholesky factors of ``k_i(P_i, P_i)`` for (scaled) RBF kernels, batched.
+
+    ``points[i]`` (``g_i x d_i``) are in kernel ``i``'s own coordinates: its
+    ``active_dims`` are not applied. Kernels whose points have one shape share one
+    batched kernel evaluation (the RBF formula, without gpytorch's ``torch.equal(x1, x2)``
+    host read) and one batched :func:`cholesky_with_jitter`, so the ``G`` groups of an
+    additive kernel cost a few launches instead of ``G`` kernel calls and factorisations.
+    The jitter is relative to each matrix's own diagonal, as one at a time; a failed
+    factorisation raises it for every matrix of its stack. Differentiable in the
+    hyperparameters.
+
+    Args:
+        kernels: RBF or ``ScaleKernel(RBF)`` kernels (:func:`is_scaled_rbf`).
+        points: One ``g_i x d_i`` tensor per kernel.
+
+    Returns:
+        The lower Cholesky factors, one ``g_i x g_i`` tensor per kernel, in order.
+
+    Example:
+        >>> from gpytorch.kernels import RBFKernel, ScaleKernel
+        >>> kernels = [ScaleKernel(RBFKernel()).double(), RBFKernel().double()]
+        >>> grid = torch.linspace(0, 1, 5, dtype=torch.float64).unsqueeze(-1)
+        >>> roots = stacked_rbf_roots(kernels, [grid, grid])
+        >>> K = kernels[0](grid).to_dense()
+        >>> bool(torch.allclose(roots[0] @ roots[0].mT, K, atol=1e-9))
+        True
+    """
+    roots: list[Tensor] = [points[0]] * len(kernels)  # (each replaced below)
+    by_shape: dict[torch.Size, list[int]] = {}
+    for i, P in enumerate(points):
+        by_shape.setdefault(P.shape, []).append(i)
+    for members in by_shape.values():
+        P = torch.stack([points[i] for i in members])
+        lengthscales = torch.stack([_base_kernel(kernels[i]).lengthscale for i in members])
+        K = _rbf_matrix(P, lengthscales)
+        if any(isinstance(kernels[i], ScaleKernel) for i in members):
+            one = P.new_ones(())
+            scales = [
+                kernels[i].outputscale if isinstance(kernels[i], ScaleKernel) else one
+                for i in members
+            ]
+            K = K * torch.stack(scales)[:, None, None]
+        for i, root in zip(members, jittered_cholesky(K).unbind(0), strict=True):
+            roots[i] = root
+    return roots
+
+
+def _base_kernel(kernel: Kernel) -> Kernel:
+    return kernel.base_kernel if isinstance(kernel, ScaleKernel) else kernel
 
 
 def grid_kernel_root(covar_module: Kernel, grid: list[Tensor]) -> GridKernelRoot:

@@ -43,6 +43,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 from typing import Any
@@ -66,7 +67,12 @@ from streamgp.interpolation.grid import (
     data_grid_bounds,
     grown_grid_bounds,
 )
-from streamgp.linalg.grid_kernel import GridKernelRoot, jittered_cholesky
+from streamgp.linalg.grid_kernel import (
+    GridKernelRoot,
+    is_scaled_rbf,
+    jittered_cholesky,
+    stacked_rbf_roots,
+)
 from streamgp.models.wiski import WiskiGP
 from streamgp.utils.validation import (
     check_count,
@@ -236,11 +242,15 @@ class AdditiveGridInterpolation(GridBox):
             values.append(rows.values * scale)
         return InterpolationWeights(torch.cat(indices, -1), torch.cat(values, -1), self.num_grid)
 
+    @functools.cached_property
+    def own_group_points(self) -> list[Tensor]:
+        r"""Each group's ``m_g x |S_g|`` grid points in the group's own coordinates."""
+        return [part.grid_points() for part in self.parts]
+
     def group_points(self) -> list[Tensor]:
         r"""Each group's grid points embedded in ``d`` dimensions (other coordinates 0)."""
         points = []
-        for part, group in zip(self.parts, self.groups, strict=True):
-            local = part.grid_points()
+        for local, group in zip(self.own_group_points, self.groups, strict=True):
             full = local.new_zeros(len(local), self.dim)
             full[:, group] = local
             points.append(full)
@@ -405,12 +415,15 @@ class AdditiveWiskiGP(WiskiGP):
     def kernel_root(self) -> GridKernelRoot:
         r"""Root ``G diag(L_1, ..., L_G)`` of ``G^2 K_UU`` (the rows carry ``1 / G``)."""
         interpolation = self.interpolation
-        blocks = [
-            jittered_cholesky(part(points).to_dense())
-            for part, points in zip(
-                self.covar_module.kernels, interpolation.group_points(), strict=True
-            )
-        ]
+        parts = self.covar_module.kernels
+        if all(is_scaled_rbf(part) for part in parts):
+            # (The default kernel: one batched evaluation and factorisation, no host read.)
+            blocks = stacked_rbf_roots(parts, interpolation.own_group_points)
+        else:
+            blocks = [
+                jittered_cholesky(part(points).to_dense())
+                for part, points in zip(parts, interpolation.group_points(), strict=True)
+            ]
         return GridKernelRoot.block_diagonal([block * len(blocks) for block in blocks])
 
     REGRIDS_INTERPOLATION = True
