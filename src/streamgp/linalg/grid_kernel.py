@@ -600,11 +600,11 @@ def stacked_rbf_roots(kernels: Sequence[Kernel], points: Sequence[Tensor]) -> li
 
     Example:
         >>> from gpytorch.kernels import RBFKernel, ScaleKernel
-        >>> kernels = [ScaleKernel(RBFKernel()).double(), RBFKernel().double()]
-        >>> grid = torch.linspace(0, 1, 5, dtype=torch.float64).unsqueeze(-1)
-        >>> roots = stacked_rbf_roots(kernels, [grid, grid])
-        >>> K = kernels[0](grid).to_dense()
-        >>> bool(torch.allclose(roots[0] @ roots[0].mT, K, atol=1e-9))
+        >>> scaled, plain = ScaleKernel(RBFKernel()).double(), RBFKernel().double()
+        >>> axis = torch.linspace(0, 1, 5, dtype=torch.float64).unsqueeze(-1)
+        >>> first, second = stacked_rbf_roots([scaled, plain], [axis, axis])
+        >>> K = scaled(axis).to_dense()
+        >>> bool(torch.allclose(first @ first.mT, K, atol=1e-9))
         True
     """
     roots: list[Tensor] = [points[0]] * len(kernels)  # (each replaced below)
