@@ -183,10 +183,10 @@ class InterpolationWeights:
             return out.reshape(*rhs_batch, self.num_rows, p).expand(*batch, self.num_rows, p)
         if rhs.dim() > 2 or self.indices.numel() * p <= self.GATHER_LIMIT:
             batch = torch.broadcast_shapes(self.batch_shape, rhs.shape[:-2])
-            if rhs.dim() == 2:  # one shared rhs: gather its rows (index_select on the
-                # flat indices: about twice as fast on a CPU as rhs[indices], same values)
-                rows = rhs.index_select(0, self.indices.reshape(-1))
-                rows = rows.reshape(*self.indices.shape, p)
+            if rhs.dim() == 2:  # one shared rhs: index its rows directly
+                # (one operation; index_select on the flattened indices gathers up to 2x
+                # faster on a CPU but adds two reshapes per call to the hot paths' budget)
+                rows = rhs[self.indices]
             elif self.batch_shape.numel() == 1:  # one set of rows for a batch of rhs
                 flat = self.indices.reshape(-1)
                 rows = rhs.index_select(-2, flat).reshape(*rhs.shape[:-2], self.num_rows, k, p)
