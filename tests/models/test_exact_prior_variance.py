@@ -337,11 +337,15 @@ def additive_oracle(model, X, y, noise, Xs):
 
 
 @pytest.mark.parametrize("fixed_noise", [False, True])
-def test_additive_wiski_equals_dense_additive_ski_plus_the_diagonal(fixed_noise):
+@pytest.mark.parametrize(
+    "groups",
+    # (singleton groups of one size: the prior variance from 4 x 4 blocks of each K_g)
+    [[[0], [1, 2], [3]], "singletons"],
+    ids=["mixed groups", "singletons"],
+)
+def test_additive_wiski_equals_dense_additive_ski_plus_the_diagonal(fixed_noise, groups):
     X, Y, Yvar = data(40, 4, fixed_noise)
-    model = AdditiveWiskiGP(
-        X, Y, Yvar, groups=[[0], [1, 2], [3]], grid_size=12, **without_defaults()
-    )
+    model = AdditiveWiskiGP(X, Y, Yvar, groups=groups, grid_size=12, **without_defaults())
     for i, part in enumerate(model.covar_module.kernels):
         part.base_kernel.lengthscale = torch.full_like(part.base_kernel.lengthscale, 0.1 + 0.05 * i)
         part.outputscale = torch.tensor(0.2 + 0.1 * i, dtype=DTYPE)

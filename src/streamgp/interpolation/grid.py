@@ -46,6 +46,11 @@ class InterpolationWeights:
             ``batch_shape x N x d x 1`` grid index of each axis' second neighbour (the
             four are ``base - 1 .. base + 2``), ``values`` their ``batch_shape x N x d x 4``
             weights and ``grid_size`` the points per axis.
+        group_rows: For rows that are a sum over groups of one-dimensional cubic rows
+            (:class:`~streamgp.models.additive_wiski.AdditiveGridInterpolation`'s
+            singleton groups, concatenated group after group): ``(base, values)``, each
+            group's ``batch_shape x N x G x 1`` base index on its own grid and its
+            ``batch_shape x N x G x 4`` (scaled) weights, the flat rows' entries by group.
 
     In ``d`` dimensions a cubic row has ``k = 4^d`` non-zeros (4,096 in 6-D, 10^6 in
     10-D), while its axes hold ``4 d``. Rows built from their axes alone
@@ -60,6 +65,7 @@ class InterpolationWeights:
     num_grid: int
     given_axes: tuple[InterpolationWeights, ...] = ()
     axis_rows: tuple[Tensor, Tensor, tuple[int, ...]] | None = None
+    group_rows: tuple[Tensor, Tensor] | None = None
     #: Gathered elements (``N k p``) up to which :meth:`matmul` gathers instead of
     #: multiplying a sparse matrix: 2^24, 128 MiB in float64.
     GATHER_LIMIT = 2**24

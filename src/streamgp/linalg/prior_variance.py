@@ -25,7 +25,9 @@ interpolation overshoots (``w^T K_UU w > k(x, x)``): there the SKI variance is k
 
 Cost: ``O(16 d t)`` for ``t`` points on a Kronecker grid root with axes of one size (one
 gather of ``4 x 4`` blocks of the stacked axis kernels ``L_i L_i^T``; ``O(t sum_i 4 g_i)``
-for axes of different sizes; no ``m``-sized product), else one sparse product ``W_* L``
+for axes of different sizes; no ``m``-sized product), ``O(16 G t)`` on the block-diagonal
+root of ``G`` one-dimensional groups of one size (an additive kernel's default: one gather
+of ``4 x 4`` blocks of each group's ``K_g``, summed), else one sparse product ``W_* L``
 (``O(t k m)``, the order of the posterior's own ``W_* R``), or a gather from a cached
 ``K_UU`` once many predictions have paid for it (:class:`~streamgp.linalg.woodbury.
 GridPosterior`'s amortised cache). Nothing depends on ``n``, no value is read on the host,
@@ -112,6 +114,22 @@ class PriorVarianceCorrection:
         # One dense factor: the prior "posterior" N(0, L L^T) of the grid values, whose
         # interpolated variances reuse GridPosterior's sparse / cached-K_UU choice.
         self._prior = None
+        # A block-diagonal root of one-dimensional groups of one size (an additive
+        # kernel's default singleton groups): w^T K_UU w = sum_g w_g^T K_g w_g, each
+        # term a 4 x 4 block of K_g = L_g L_g^T at the point's base on group g's grid,
+        # gathered for all groups and points at once (rows with ``group_rows``) instead
+        # of the rows' products with the whole m x m root.
+        self._group_blocks = None
+        blocks = root.blocks
+        if (
+            blocks is not None
+            and all(block.dim() == 2 for block in blocks)
+            and len({block.shape for block in blocks}) == 1
+            and blocks[0].shape[-1] >= 4
+        ):
+            stacked = torch.stack(blocks)
+            self._group_blocks = _axis_blocks(stacked @ stacked.mT)  # G x (g - 2) x 4 x 4
+            self._group_index = torch.arange(len(blocks), device=stacked.device).unsqueeze(-1)
         if len(root.factors) == 1:
             L = root.factors[0]
             self._prior = GridPosterior(root=L, mean=L.new_zeros(L.shape[:-1]))
@@ -141,6 +159,16 @@ class PriorVarianceCorrection:
 
     def interpolated(self, weights) -> Tensor:
         r"""SKI's prior variance ``w(x)^T L L^T w(x)`` of every row (``batch x t``)."""
+        group_rows = getattr(weights, "group_rows", None)
+        if (
+            self._group_blocks is not None
+            and group_rows is not None
+            and group_rows[0].shape[-2] == self._group_blocks.shape[0]
+        ):
+            base, values = group_rows  # ... x t x G x 1, ... x t x G x 4
+            block = self._group_blocks[self._group_index, base]  # ... x t x G x 1 x 4 x 4
+            values = values if values.dtype == block.dtype else values.to(block.dtype)
+            return torch.einsum("...gi,...gzij,...gj->...", values, block, values)
         if self._prior is not None:
             return self._prior.interpolated_root(weights).row_sq_norms()
         axis_rows = getattr(weights, "axis_rows", None)

@@ -229,12 +229,16 @@ class AdditiveGridInterpolation(GridBox):
         scale = 1.0 / len(self.parts)
         if self._singletons is not None:
             columns, grid, offsets = self._singletons
-            indices, values = grid.weights(X.index_select(-1, columns)).stacked_axes()
+            rows = grid.weights(X.index_select(-1, columns))
+            indices, _ = rows.stacked_axes()
             # groups x ... x N x 4 -> ... x N x (groups 4), group-major as the loop below
             offsets = offsets.view(-1, *[1] * (indices.dim() - 1))
             indices = (indices + offsets).movedim(0, -2).flatten(-2)
-            values = (values * scale).movedim(0, -2).flatten(-2)
-            return InterpolationWeights(indices, values, self.num_grid)
+            base, values, _ = rows.axis_rows  # ... x N x groups x (1, 4)
+            values = values * scale
+            return InterpolationWeights(
+                indices, values.flatten(-2), self.num_grid, group_rows=(base, values)
+            )
         indices, values = [], []
         for part, columns, offset in zip(self.parts, self._columns, self.offsets, strict=True):
             rows = part.weights(X.index_select(-1, columns))
