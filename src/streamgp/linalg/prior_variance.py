@@ -166,9 +166,8 @@ class PriorVarianceCorrection:
             and group_rows[0].shape[-2] == self._group_blocks.shape[0]
         ):
             base, values = group_rows  # ... x t x G x 1, ... x t x G x 4
-            block = self._group_blocks[self._group_index, base]  # ... x t x G x 1 x 4 x 4
-            values = values if values.dtype == block.dtype else values.to(block.dtype)
-            return torch.einsum("...gi,...gzij,...gj->...", values, block, values)
+            forms = _block_forms(self._group_blocks, (self._group_index,), base, values)
+            return forms.sum(-1)  # an additive kernel: the groups' terms add
         if self._prior is not None:
             return self._prior.interpolated_root(weights).row_sq_norms()
         axis_rows = getattr(weights, "axis_rows", None)
@@ -179,13 +178,11 @@ class PriorVarianceCorrection:
         ):
             return self.root.features(weights).diag()  # d gathers of 4 x g_i values
         base, values, _ = axis_rows
-        blocks = self._axis_blocks
-        values = values if values.dtype == blocks.dtype else values.to(blocks.dtype)
-        if self._member_index is None:
-            block = blocks[self._axis_index, base]  # ... x t x d x 1 x 4 x 4
-        else:
-            block = blocks[self._axis_index, self._member_index, base]
-        return product(torch.einsum("...di,...dzij,...dj->...d", values, block, values), -1)
+        index = (self._axis_index,)
+        if self._member_index is not None:
+            index = (self._axis_index, self._member_index)
+        # A product kernel: the axes' terms multiply.
+        return product(_block_forms(self._axis_blocks, index, base, values), -1)
 
     def exact(self, X: Tensor) -> Tensor:
         r"""``k(x, x)``: a scalar for a stationary kernel (``batch_shape x 1`` for a
@@ -216,6 +213,22 @@ class PriorVarianceCorrection:
         if not self.stationary:
             exact = exact.reshape(ski.shape)
         return (exact - ski).clamp_min(0.0)
+
+
+def _block_forms(
+    blocks: Tensor, index: tuple[Tensor, ...], base: Tensor, values: Tensor
+) -> Tensor:
+    r"""``w_r^T B_r w_r`` for each axis or group ``r`` of every row: ``... x t x r``.
+
+    ``B_r = blocks[(*index, base_r)]`` is the ``4 x 4`` block of ``r``'s kernel matrix
+    that the row's four neighbours span (see :func:`_axis_blocks`; ``index`` picks the
+    axis or group, and the batch member where there are several), ``w_r`` (``values``,
+    ``... x t x r x 4``) the row's weights there and ``base`` (``... x t x r x 1``) their
+    first neighbour's position.
+    """
+    block = blocks[(*index, base)]  # ... x t x r x 1 x 4 x 4
+    values = values if values.dtype == block.dtype else values.to(block.dtype)
+    return torch.einsum("...ri,...rzij,...rj->...r", values, block, values)
 
 
 def _axis_blocks(kernels: Tensor) -> Tensor:
