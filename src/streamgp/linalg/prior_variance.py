@@ -215,9 +215,7 @@ class PriorVarianceCorrection:
         return (exact - ski).clamp_min(0.0)
 
 
-def _block_forms(
-    blocks: Tensor, index: tuple[Tensor, ...], base: Tensor, values: Tensor
-) -> Tensor:
+def _block_forms(blocks: Tensor, index: tuple[Tensor, ...], base: Tensor, values: Tensor) -> Tensor:
     r"""``w_r^T B_r w_r`` for each axis or group ``r`` of every row: ``... x t x r``.
 
     ``B_r = blocks[(*index, base_r)]`` is the ``4 x 4`` block of ``r``'s kernel matrix
