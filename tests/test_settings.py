@@ -72,6 +72,7 @@ def test_every_tuning_constant_is_the_default_where_it_is_used():
         "DEFAULT_GROUP_GRID_SIZE": [additive_wiski],
         "ADDITIVE_GRID_POINTS": [additive_wiski],
         "MAX_DENSE_GRID": [WiskiGP, KissGP],
+        "LIKELIHOOD_TOLERANCE": [WiskiGP],
         "STATISTICS_CHUNK": [WiskiGP, KissGP],
         "GRID_MARGIN": [grid],
         "GRID_GROWTH": [grid],

@@ -332,6 +332,44 @@ def test_structured_marginal_likelihood_matches_dense_and_fits(monkeypatch):
     assert rel_err(model.posterior(Xs).mean, dense.posterior(Xs).mean) < 1e-7
 
 
+def test_structured_marginal_likelihood_stops_at_a_gap_per_observation(monkeypatch):
+    """The Nystrom log-determinant stops at LIKELIHOOD_TOLERANCE * n (never finer than
+    love_tolerance): a lower rank, and the value still within half the gap of exact SKI's."""
+    import streamgp.linalg.structured as structured
+
+    asked = []
+    nystrom = structured.WhitenedStatistic.nystrom
+
+    def recording(operator, tol, max_rank=None):
+        result = nystrom(operator, tol, max_rank)
+        asked.append((tol, result.complement_root.shape[-1]))
+        return result
+
+    monkeypatch.setattr(structured.WhitenedStatistic, "nystrom", recording)
+    n = 400
+    torch.manual_seed(4)
+    dense, _ = make_model(3, n=n)
+    monkeypatch.setattr(WiskiGP, "MAX_DENSE_GRID", 300)
+    torch.manual_seed(4)
+    model, _ = make_model(3, n=n)
+    assert model.structured and not dense.structured
+    exact = float(WoodburyMarginalLogLikelihood(dense.likelihood, dense)())  # per datum
+    values, ranks = {}, {}
+    for per_observation in (0.0, 1e-9, 1e-7):
+        monkeypatch.setattr(WiskiGP, "LIKELIHOOD_TOLERANCE", per_observation)
+        gap = model.likelihood_gap(n)
+        assert gap == max(model.love_tolerance, per_observation * n)
+        values[per_observation] = float(WoodburyMarginalLogLikelihood(model.likelihood, model)())
+        assert asked[-1][0] == gap
+        ranks[per_observation] = asked[-1][1]
+        # log|C| is under-estimated by at most the gap: the value per datum over-estimated
+        # by at most gap / (2 n) (plus round-off of the O(n) value).
+        assert -1e-12 <= values[per_observation] - exact <= gap / (2 * n) + 1e-12
+    assert ranks[1e-7] < ranks[0.0]  # the coarser gap stops the Lanczos earlier
+    monkeypatch.setattr(WiskiGP, "LIKELIHOOD_TOLERANCE", 1e-9)
+    assert model.likelihood_gap(1) == model.love_tolerance  # never finer than love_tolerance
+
+
 # The same build, observe and prediction in a fresh interpreter: its peak memory is then
 # measured from the import baseline, independent of what earlier tests left behind
 # (ru_maxrss is a process-wide peak).

@@ -83,7 +83,7 @@ def ski_marginal_log_likelihood(
         value, n = model.fit_objective()
     else:
         value = statistics.log_marginal_likelihood(
-            model.kernel_root(), model.noise_variance, tol=model.love_tolerance
+            model.kernel_root(), model.noise_variance, tol=model._likelihood_tolerance(statistics)
         )
         value, n = value.sum(), statistics.n  # summed over a multi-output model's outputs
     return per_datum_objective(mll, value, n)

@@ -86,7 +86,8 @@ Gram matrices wait as pending parts until merged), and the next rebuild starts f
 them. ``condition_on_observations`` and fantasies add a rank-``q``
 correction to the root. The marginal likelihood
 (:func:`streamgp.linalg.structured.structured_log_marginal_likelihood`) uses a
-Nystrom log-determinant within a certified gap of at most ``love_tolerance`` and
+Nystrom log-determinant within a certified gap of :meth:`likelihood_gap` (``love_tolerance``,
+or ``LIKELIHOOD_TOLERANCE = 1e-9`` nats per observation where that is coarser) and
 conjugate gradients, so ``fit_gpytorch_mll`` works on large grids too.
 
 Exact prior variances (``exact_prior_variance=True``, the default;
@@ -381,6 +382,8 @@ class WiskiGP(
     MAX_DENSE_GRID = settings.MAX_DENSE_GRID
     #: LOVE tolerance (relative uncaptured trace of ``Sigma_U``); settable per model.
     love_tolerance: float = DEFAULT_TOLERANCE
+    #: Certified gap of the large-grid marginal likelihood per observation (nats).
+    LIKELIHOOD_TOLERANCE = settings.LIKELIHOOD_TOLERANCE
     #: Rows per chunk when accumulating the statistics of the constructor's data.
     STATISTICS_CHUNK = settings.STATISTICS_CHUNK
     #: Default ``data_space_limit``; None means ``min(m, MAX_DENSE_GRID)``.
