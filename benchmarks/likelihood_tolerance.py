@@ -12,8 +12,9 @@ Rows:
   BoTorch's fit evaluates it; ``ScaleKernel(RBF)``, zero mean, the data of
   ``gpu_check.py``) on a ``--grid``\ ^3 grid at ``--n`` points for each per-observation
   tolerance in ``--tolerances`` (0: the ``love_tolerance`` gap): the gap, the Nystrom
-  rank, the whitened-statistic products, the median seconds of ``--repeats`` calls, and
-  the value's and gradient's differences from the smallest gap's;
+  rank, the median seconds of ``--repeats`` calls, the operations of one call (top-level
+  aten ops; on CUDA also kernel launches and host synchronisations), and the value's and
+  gradient's differences from the smallest gap's;
 - ``fit``: ``fit_gpytorch_mll`` (L-BFGS-B, at most ``--fit-maxiter`` iterations) on a
   ``--fit-grid``\ ^3 grid at ``--fit-n`` points from the same start, for the smallest and
   the default tolerance: evaluations, seconds, the final objective (per datum) and the
@@ -36,6 +37,7 @@ import pandas as pd
 import torch
 from botorch.fit import fit_gpytorch_mll
 from gpu_check import mll_model, mll_value_and_grad
+from hot_path_ops import op_counts
 
 from streamgp import WiskiGP, WoodburyMarginalLogLikelihood, settings
 from streamgp.linalg import structured
@@ -78,7 +80,8 @@ def value_and_gradient_rows(args, tkwargs) -> list[dict]:
         with _NystromRanks() as ranks:
             value = mll()
             gradient = _flat_gradient(torch.autograd.grad(value, params))
-        seconds = median_seconds(mll_value_and_grad(model), repeats=args.repeats, warmup=True)
+        call = mll_value_and_grad(model)
+        seconds = median_seconds(call, repeats=args.repeats, warmup=True)
         if reference is None:
             reference = (value.detach(), gradient)
         rows.append(
@@ -95,6 +98,7 @@ def value_and_gradient_rows(args, tkwargs) -> list[dict]:
                 "gradient_difference": float((gradient - reference[1]).abs().max()),
                 "gradient_scale": float(reference[1].abs().max()),
             }
+            | op_counts(call, tkwargs["device"])  # aten ops; on CUDA launches and syncs
         )
         print(rows[-1], flush=True)
     del model.LIKELIHOOD_TOLERANCE

@@ -176,7 +176,7 @@ log-determinant stops at an absolute trace gap of ``1e-9 n`` (never finer than
 ``love_tolerance``), so the value is within ``5e-10`` per observation of exact SKI's. That is
 below the change per observation (``2.2e-9`` of a per-datum objective near one) at which
 BoTorch's L-BFGS-B stops. At ``32^3`` and ``n = 10^4`` it takes the Lanczos rank from 576
-to 320 and a value + gradient from 8.6 to 4.9 s on one CPU thread, with the gradient
+to 320 and a value + gradient from 8.5 to 4.3 s on one CPU thread, with the gradient
 within ``1.5e-10`` (relative) of the tighter one's (``benchmarks/likelihood_tolerance.py``)."""
 LANCZOS_BLOCK_SIZE = 64
 r"""Columns per block of ``streamgp.linalg.love.block_lanczos_root`` (its
