@@ -307,7 +307,7 @@ def test_structured_marginal_likelihood_matches_dense_and_fits(monkeypatch):
         params = [p for p in m.parameters() if p.requires_grad]
         values.append(value)
         grads.append(torch.autograd.grad(value, params))
-    # Default love_tolerance 1e-8: the log-det gap is at most 1e-8 (over n = 60).
+    # The log-det gap is likelihood_gap(60) = 6e-8 in all: at most 5e-10 per datum.
     assert abs(float(values[0] - values[1])) < 1e-9
     for got, want in zip(*grads, strict=True):
         assert (got - want).abs().max() <= 1e-7 * want.abs().max()
@@ -366,6 +366,11 @@ def test_structured_marginal_likelihood_stops_at_a_gap_per_observation(monkeypat
         # by at most gap / (2 n) (plus round-off of the O(n) value).
         assert -1e-12 <= values[per_observation] - exact <= gap / (2 * n) + 1e-12
     assert ranks[1e-7] < ranks[0.0]  # the coarser gap stops the Lanczos earlier
+    # Statistics given to the marginal likelihood (the WISKI paper's eq. 18) get their own
+    # count's gap.
+    mll = WoodburyMarginalLogLikelihood(model.likelihood, model)
+    assert float(mll(statistics=model.statistics)) == values[1e-7]
+    assert asked[-1][0] == model.likelihood_gap(n)
     monkeypatch.setattr(WiskiGP, "LIKELIHOOD_TOLERANCE", 1e-9)
     assert model.likelihood_gap(1) == model.love_tolerance  # never finer than love_tolerance
 

@@ -206,6 +206,10 @@ def test_subset_output_and_output_indices_equal_the_chosen_outputs():
             torch.testing.assert_close(part.variance, full.variance[..., idcs], **TOL)
         by_index = model.posterior(X_star, output_indices=[2])
         torch.testing.assert_close(by_index.mean, full.mean[..., [2]], **TOL)
+    # A model's own tolerances go with its outputs.
+    model.love_tolerance, model.LIKELIHOOD_TOLERANCE = 1e-6, 1e-7
+    subset = model.subset_output([1])
+    assert (subset.love_tolerance, subset.LIKELIHOOD_TOLERANCE) == (1e-6, 1e-7)
     frozen = WiskiGP(X, Y, keep_data=False, **OPTIONS)
     with pytest.raises(UnsupportedError, match="keep_data=False"):
         frozen.subset_output([0])

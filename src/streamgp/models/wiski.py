@@ -380,7 +380,8 @@ class WiskiGP(
     #: Largest grid that keeps the exact dense ``m x m`` root; larger grids use the
     #: structured LOVE path (decided at construction).
     MAX_DENSE_GRID = settings.MAX_DENSE_GRID
-    #: LOVE tolerance (relative uncaptured trace of ``Sigma_U``); settable per model.
+    #: LOVE tolerance (relative uncaptured trace of ``Sigma_U``); settable per model. The
+    #: large-grid marginal likelihood stops at :meth:`likelihood_gap`, never finer.
     love_tolerance: float = DEFAULT_TOLERANCE
     #: Certified gap of the large-grid marginal likelihood per observation (nats).
     LIKELIHOOD_TOLERANCE = settings.LIKELIHOOD_TOLERANCE

@@ -202,11 +202,13 @@ class StatisticsMixin:
         for ``count`` observations: ``LIKELIHOOD_TOLERANCE * count``, and never finer than
         ``love_tolerance`` (dense grids and data space compute it exactly).
 
-        Its value is then within half the gap of exact SKI's, ``5e-10`` nats per observation
-        by default: below the change at which BoTorch's L-BFGS-B stops, and at ``32^3``
-        about half the Lanczos rank of a gap of ``love_tolerance`` (see
-        :data:`streamgp.settings.LIKELIHOOD_TOLERANCE`). Set ``LIKELIHOOD_TOLERANCE = 0``
-        on the class (or a model) for the ``love_tolerance`` gap at any ``count``.
+        Its log-determinant is then within half the gap of exact SKI's, ``5e-10`` nats per
+        observation by default: below the change at which BoTorch's L-BFGS-B stops, and at
+        ``32^3`` about half the Lanczos rank of a gap of ``love_tolerance``. The Lanczos
+        round-off floor (small noise, float32 statistics) can be coarser than the gap, and
+        then sets it (see :data:`streamgp.settings.LIKELIHOOD_TOLERANCE`). Set
+        ``LIKELIHOOD_TOLERANCE = 0`` on the class (or a model) for the ``love_tolerance`` gap
+        at any ``count``.
 
         Example:
             >>> from streamgp import WiskiGP

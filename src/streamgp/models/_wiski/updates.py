@@ -355,6 +355,8 @@ class UpdatesMixin:
             new.outcome_transform = subset_transform
             new.observations = ObservationStore(X, Y, Yvar)
         new.love_tolerance = self.love_tolerance
+        if "LIKELIHOOD_TOLERANCE" in vars(self):  # a per-model override
+            new.LIKELIHOOD_TOLERANCE = self.LIKELIHOOD_TOLERANCE
         return new
 
     def _view(self) -> WiskiGP:
