@@ -342,3 +342,39 @@ def test_float32_statistics_are_not_resolved_below_their_rounding():
         fine = WhitenedStatistic(L_K, A.double()).nystrom(1e-8)
     assert coarse.complement_root.shape[-1] <= 0.5 * fine.complement_root.shape[-1]
     assert abs(float(coarse.logdet() - fine.logdet())) <= 1e-5 * float(fine.logdet())
+
+
+@pytest.mark.parametrize("sizes", [(6, 6, 6), (5, 7, 9)])
+def test_the_toeplitz_trace_equals_the_entrywise_one_and_is_cached(sizes):
+    """tr(A K) from A's offset sums (an evenly spaced grid: Toeplitz factors) equals the
+    sum over A's non-zeros of K's entries, for interpolation statistics and for a sparse A
+    with entries far off the band; the sums are computed once per A."""
+    from dataclasses import replace
+
+    import streamgp.linalg.structured as structured
+
+    torch.manual_seed(5)
+    bounds = torch.stack([torch.zeros(3), torch.ones(3)]).to(DTYPE)
+    interp = CubicGridInterpolation(bounds, list(sizes))
+    kernel = ScaleKernel(RBFKernel(ard_num_dims=3)).to(DTYPE)
+    kernel.base_kernel.lengthscale = torch.tensor([0.3, 0.5, 0.4], dtype=DTYPE)
+    with torch.no_grad():
+        root = grid_kernel_root(kernel, interp.grid, evenly_spaced=True)
+    assert root.toeplitz and not grid_kernel_root(kernel, interp.grid).toeplitz
+    K = root.to_dense() @ root.to_dense().T
+    m = K.shape[-1]
+    X = torch.rand(30, 3, dtype=DTYPE)
+    _, interpolated, _ = statistics(interp, X, X.sum(-1), torch.full((30,), 0.1, dtype=DTYPE))
+    far = torch.randint(0, m, (2, 50))
+    scattered = torch.sparse_coo_tensor(far, torch.randn(50, dtype=DTYPE), (m, m)).coalesce()
+    for A in (interpolated, scattered):
+        dense = A.to_dense()
+        exact = (dense * K).sum()
+        fast = structured._kernel_weighted_sum(root, A)
+        assert rel_err(fast, exact) < 1e-13
+        general = structured._kernel_weighted_sum(replace(root, toeplitz=False), A)
+        assert rel_err(general, exact) < 1e-13
+        assert A in structured._OFFSET_SUMS  # kept for the next call, while A lives
+        sums = structured._OFFSET_SUMS[A][1]
+        assert structured._offset_sums(A, sizes) is sums
+        assert WhitenedStatistic(root, A).trace == pytest.approx(float(exact), rel=1e-13)

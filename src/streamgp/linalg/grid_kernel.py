@@ -143,10 +143,16 @@ class GridKernelRoot:
         factors: The lower-triangular Kronecker factors.
         blocks: For one block-diagonal factor, its lower-triangular diagonal blocks in
             order (``factors[0]`` is their ``block_diag``); None otherwise.
+        toeplitz: Whether every factor's ``L_i L_i^T`` is a Toeplitz matrix (its entries
+            depend on ``|j - k|`` only): a stationary kernel on an evenly spaced axis, with
+            diagonal jitter (:func:`grid_kernel_root` with ``evenly_spaced=True``). The
+            large-grid likelihood then reads ``tr(A K_UU)`` from a few sums of ``A``
+            (:mod:`streamgp.linalg.structured`).
     """
 
     factors: tuple[Tensor, ...]
     blocks: tuple[Tensor, ...] | None = None
+    toeplitz: bool = False
 
     @staticmethod
     def block_diagonal(blocks: list[Tensor] | tuple[Tensor, ...]) -> GridKernelRoot:
@@ -631,7 +637,9 @@ def _base_kernel(kernel: Kernel) -> Kernel:
     return kernel.base_kernel if isinstance(kernel, ScaleKernel) else kernel
 
 
-def grid_kernel_root(covar_module: Kernel, grid: list[Tensor]) -> GridKernelRoot:
+def grid_kernel_root(
+    covar_module: Kernel, grid: list[Tensor], *, evenly_spaced: bool = False
+) -> GridKernelRoot:
     r"""Root ``L`` of ``K_UU`` in Kronecker form for separable kernels, dense otherwise.
 
     Args:
@@ -639,6 +647,11 @@ def grid_kernel_root(covar_module: Kernel, grid: list[Tensor]) -> GridKernelRoot
             ``batch_shape`` (one set of hyperparameters per batch member, as BoTorch's
             batched models build them) every factor is ``batch_shape x g_i x g_i``.
         grid: The ``d`` one-dimensional grids (first dimension slowest).
+        evenly_spaced: Whether every axis of ``grid`` is evenly spaced (as a
+            :class:`~streamgp.interpolation.grid.CubicGridInterpolation`'s are); the
+            Kronecker factors of the (stationary) separable kernels are then marked
+            :attr:`GridKernelRoot.toeplitz`. Not checked here (that would read the grid on
+            the host at every call).
 
     Returns:
         ``L`` such that ``L L^T = K_UU + jitter`` (per batch member, each jittered
@@ -647,7 +660,7 @@ def grid_kernel_root(covar_module: Kernel, grid: list[Tensor]) -> GridKernelRoot
     if _is_separable(covar_module):
         factors, scale = grid_kernel_factors(covar_module, grid)
         scale = scale if scale.dim() == 0 else scale[..., None, None]  # batched kernel
-        return GridKernelRoot((factors[0] * scale, *factors[1:]))
+        return GridKernelRoot((factors[0] * scale, *factors[1:]), toeplitz=evenly_spaced)
     points = torch.cartesian_prod(*grid) if len(grid) > 1 else grid[0].unsqueeze(-1)
     return GridKernelRoot((jittered_cholesky(covar_module(points).to_dense()),))
 

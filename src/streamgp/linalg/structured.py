@@ -36,12 +36,14 @@ traces lie below float32's resolution; see :func:`_working_precision`).
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
+from torch.utils.weak import WeakIdKeyDictionary
 
 from streamgp.linalg.grid_kernel import GridKernelRoot
 from streamgp.linalg.love import (
@@ -75,7 +77,7 @@ def _working_precision(L_K: GridKernelRoot, *tensors: Tensor | None):
     0.4 s in float64). Results are cast back to the caller's dtype; the casts are
     differentiable.
     """
-    root = GridKernelRoot(tuple(f.to(WORKING_DTYPE) for f in L_K.factors))
+    root = replace(L_K, factors=tuple(f.to(WORKING_DTYPE) for f in L_K.factors))
     device = root.factors[0].device
     return root, *(
         None if t is None else torch.as_tensor(t, device=device).to(WORKING_DTYPE) for t in tensors
@@ -176,6 +178,60 @@ class NystromInverse:
         return 2.0 * self.cholesky.diagonal().log().sum()
 
 
+#: Per sparse statistic ``A`` (held weakly, by identity): its offset sums
+#: (:func:`_offset_sums`), keyed by the grid's axis sizes and ``A``'s non-zero count.
+_OFFSET_SUMS = WeakIdKeyDictionary()
+
+
+def _offset_sums(A: Tensor, sizes: tuple[int, ...]) -> Tensor:
+    r"""``S[o_1, ..., o_d]``: the sum of ``A``'s entries ``A_jk`` whose grid indices differ by
+    ``|j_i - k_i| = o_i`` along every axis ``i`` (``g_1 x ... x g_d``, first axis slowest).
+
+    It does not depend on the hyperparameters, so it is computed once per ``A`` (the
+    index arithmetic over all ``nnz(A)`` entries, about 10^7 at ``32^3`` and ``n = 10^4``,
+    took a quarter of a CPU marginal-likelihood evaluation) and kept while ``A`` lives.
+    """
+    key = (sizes, A._nnz())
+    cached = _OFFSET_SUMS.get(A)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    coalesced = A.coalesce()
+    (rows, cols), values = coalesced.indices(), coalesced.values()
+    flat_offset, stride = torch.zeros_like(rows), 1
+    for size in reversed(sizes):  # the last axis varies fastest in the flat index
+        flat_offset += stride * (rows % size - cols % size).abs()
+        rows, cols, stride = rows // size, cols // size, stride * size
+    sums = values.new_zeros(math.prod(sizes)).index_add_(0, flat_offset, values)
+    sums = sums.reshape(sizes)
+    _OFFSET_SUMS[A] = (key, sums)
+    return sums
+
+
+def _kernel_weighted_sum(L_K: GridKernelRoot, A: Tensor) -> Tensor:
+    r"""``tr(A K) = sum_jk A_jk K_jk`` for ``K = L_K L_K^T`` over the non-zeros of ``A``.
+
+    For a Toeplitz-factored root (:attr:`GridKernelRoot.toeplitz`: ``K_jk`` is the product
+    over axes of ``kappa_i(|j_i - k_i|)``, the first row of ``L_i L_i^T``) and a sparse ``A``,
+    it is the contraction of ``A``'s offset sums (:func:`_offset_sums`, cached) with
+    ``kron_i kappa_i``: ``O(m)`` per call instead of ``O(d nnz(A))``. Otherwise each
+    non-zero's entry of ``K`` is gathered from the per-axis kernel matrices.
+    """
+    factors = L_K.factors
+    if A.is_sparse and L_K.toeplitz and len(factors) > 1 and all(f.dim() == 2 for f in factors):
+        sums = _offset_sums(A, tuple(f.shape[-1] for f in factors))
+        for factor in factors:  # contract the slowest remaining axis with its kappa_i
+            first_row = factor[:1] @ factor.mT  # (L_i L_i^T)[0, :]
+            sums = torch.tensordot(first_row.squeeze(0), sums, dims=([0], [0]))
+        return sums
+    if A.is_sparse:
+        coalesced = A.coalesce()
+        (rows, cols), values = coalesced.indices(), coalesced.values()
+    else:
+        rows, cols = torch.nonzero(A, as_tuple=True)
+        values = A[rows, cols]
+    return (values * L_K.kernel_entries(rows, cols)).sum()
+
+
 class WhitenedStatistic:
     r"""``G = L_K^T A L_K`` for a Kronecker root and a sparse (or dense) ``A``, by products.
 
@@ -205,14 +261,7 @@ class WhitenedStatistic:
         with warnings.catch_warnings():  # "sparse CSR support is in beta"
             warnings.simplefilter("ignore", UserWarning)
             self._A = A.coalesce().to_sparse_csr() if A.is_sparse else A
-        if A.is_sparse:
-            A_c = A.coalesce()
-            (rows, cols), vals = A_c.indices(), A_c.values()
-        else:
-            rows, cols = torch.nonzero(A, as_tuple=True)
-            vals = A[rows, cols]
-        # tr(G) = tr(A K) = sum_ij A_ij K_ij over the non-zeros of A.
-        trace = (vals * L_K.kernel_entries(rows, cols)).sum()
+        trace = _kernel_weighted_sum(L_K, A)  # tr(G) = tr(A K)
         self.trace = trace if scale is None else scale * trace
 
     @property
@@ -365,8 +414,8 @@ class _NystromLogdetMinusQuad(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, A, b, precision, tol, max_rank, input_dtype, *factors):
-        L_K = GridKernelRoot(factors)
+    def forward(ctx, A, b, precision, tol, max_rank, input_dtype, toeplitz, *factors):
+        L_K = GridKernelRoot(factors, toeplitz=toeplitz)
         operator = WhitenedStatistic(L_K, A, scale=precision, input_dtype=input_dtype)
         nystrom = operator.nystrom(tol, max_rank)
         z = precision * L_K.t_matmul(b.unsqueeze(-1))
@@ -385,9 +434,9 @@ class _NystromLogdetMinusQuad(torch.autograd.Function):
         ones = B.new_ones(B.shape[-1])
         complement = [outer_partial_trace(B.mT, ones, sizes, axis) for axis in range(len(sizes))]
         grads = kronecker_logdet_minus_quad_backward(
-            ctx, grad, u, z, precision, factors, complement, B.square().sum(), first_factor=6
+            ctx, grad, u, z, precision, factors, complement, B.square().sum(), first_factor=7
         )
-        return (None, *grads[:2], None, None, None, *grads[2:])
+        return (None, *grads[:2], None, None, None, None, *grads[2:])
 
 
 def structured_log_marginal_likelihood(
@@ -448,6 +497,8 @@ def structured_log_marginal_likelihood(
         L_K, A, b, c, n, sum_log_noise, precision
     )
     p = torch.ones((), dtype=b.dtype, device=b.device) if precision is None else precision
-    logdet_minus_quad = _NystromLogdetMinusQuad.apply(A, b, p, tol, max_rank, dtype, *L_K.factors)
+    logdet_minus_quad = _NystromLogdetMinusQuad.apply(
+        A, b, p, tol, max_rank, dtype, L_K.toeplitz, *L_K.factors
+    )
     value = assemble_log_likelihood(logdet_minus_quad, c, n, sum_log_noise, precision)
     return value.to(dtype)

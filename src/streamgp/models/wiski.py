@@ -683,7 +683,11 @@ class WiskiGP(
     # ---------------------------------------------------- the posterior's life cycle
     def kernel_root(self) -> GridKernelRoot:
         r"""Root ``L_K`` of ``K_UU`` at the current hyperparameters (differentiable)."""
-        return grid_kernel_root(self.covar_module, self.interpolation.grid)
+        # A cubic-interpolation grid is evenly spaced on every axis.
+        evenly_spaced = isinstance(self.interpolation, CubicGridInterpolation)
+        return grid_kernel_root(
+            self.covar_module, self.interpolation.grid, evenly_spaced=evenly_spaced
+        )
 
     def _caches_valid(self) -> bool:
         return self._posterior is not None and self._hyperparameters_unchanged()
