@@ -378,3 +378,22 @@ def test_the_toeplitz_trace_equals_the_entrywise_one_and_is_cached(sizes):
         sums = structured._OFFSET_SUMS[A][1]
         assert structured._offset_sums(A, sizes) is sums
         assert WhitenedStatistic(root, A).trace == pytest.approx(float(exact), rel=1e-13)
+
+
+def test_a_float32_root_is_not_taken_for_toeplitz():
+    """float32 factors are Toeplitz only to ~1e-8, above the float32 statistics' trace gap:
+    the offset sums would misstate tr(G) and run the Lanczos to full rank. Such roots (and
+    statistics of another dtype) keep the entrywise trace."""
+    import streamgp.linalg.structured as structured
+
+    interp, kernel, X, y, noise = setup(d=3, g=6)
+    with torch.no_grad():
+        single = grid_kernel_root(
+            kernel.float(), [g.float() for g in interp.grid], evenly_spaced=True
+        )
+        double = grid_kernel_root(kernel.double(), interp.grid, evenly_spaced=True)
+    assert double.toeplitz and not single.toeplitz
+    assert not structured._working_precision(single)[0].toeplitz  # cast, still not
+    _, A, _ = statistics(interp, X, y, noise)
+    mixed = structured._kernel_weighted_sum(double, A.float())  # falls back, no dtype error
+    assert rel_err(mixed.double(), structured._kernel_weighted_sum(double, A)) < 1e-6

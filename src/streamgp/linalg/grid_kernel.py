@@ -144,9 +144,10 @@ class GridKernelRoot:
         blocks: For one block-diagonal factor, its lower-triangular diagonal blocks in
             order (``factors[0]`` is their ``block_diag``); None otherwise.
         toeplitz: Whether every factor's ``L_i L_i^T`` is a Toeplitz matrix (its entries
-            depend on ``|j - k|`` only): a stationary kernel on an evenly spaced axis, with
-            diagonal jitter (:func:`grid_kernel_root` with ``evenly_spaced=True``). The
-            large-grid likelihood then reads ``tr(A K_UU)`` from a few sums of ``A``
+            depend on ``|j - k|`` only) to float64 round-off: a stationary kernel on an
+            evenly spaced axis, with diagonal jitter, computed in float64
+            (:func:`grid_kernel_root` with ``evenly_spaced=True``). The large-grid
+            likelihood then reads ``tr(A K_UU)`` from a few sums of ``A``
             (:mod:`streamgp.linalg.structured`).
     """
 
@@ -650,8 +651,10 @@ def grid_kernel_root(
         evenly_spaced: Whether every axis of ``grid`` is evenly spaced (as a
             :class:`~streamgp.interpolation.grid.CubicGridInterpolation`'s are); the
             Kronecker factors of the (stationary) separable kernels are then marked
-            :attr:`GridKernelRoot.toeplitz`. Not checked here (that would read the grid on
-            the host at every call).
+            :attr:`GridKernelRoot.toeplitz` when they are float64 (float32's rounding leaves
+            them Toeplitz only to about ``1e-8``, more than the large-grid likelihood's
+            float32 trace gap). Not checked here (that would read the grid on the host at
+            every call).
 
     Returns:
         ``L`` such that ``L L^T = K_UU + jitter`` (per batch member, each jittered
@@ -660,7 +663,8 @@ def grid_kernel_root(
     if _is_separable(covar_module):
         factors, scale = grid_kernel_factors(covar_module, grid)
         scale = scale if scale.dim() == 0 else scale[..., None, None]  # batched kernel
-        return GridKernelRoot((factors[0] * scale, *factors[1:]), toeplitz=evenly_spaced)
+        toeplitz = evenly_spaced and factors[0].dtype == torch.float64
+        return GridKernelRoot((factors[0] * scale, *factors[1:]), toeplitz=toeplitz)
     points = torch.cartesian_prod(*grid) if len(grid) > 1 else grid[0].unsqueeze(-1)
     return GridKernelRoot((jittered_cholesky(covar_module(points).to_dense()),))
 

@@ -77,7 +77,9 @@ def _working_precision(L_K: GridKernelRoot, *tensors: Tensor | None):
     0.4 s in float64). Results are cast back to the caller's dtype; the casts are
     differentiable.
     """
-    root = replace(L_K, factors=tuple(f.to(WORKING_DTYPE) for f in L_K.factors))
+    # A root computed in a coarser dtype is Toeplitz only to that dtype's round-off.
+    toeplitz = L_K.toeplitz and all(f.dtype == WORKING_DTYPE for f in L_K.factors)
+    root = replace(L_K, factors=tuple(f.to(WORKING_DTYPE) for f in L_K.factors), toeplitz=toeplitz)
     device = root.factors[0].device
     return root, *(
         None if t is None else torch.as_tensor(t, device=device).to(WORKING_DTYPE) for t in tensors
@@ -217,7 +219,8 @@ def _kernel_weighted_sum(L_K: GridKernelRoot, A: Tensor) -> Tensor:
     non-zero's entry of ``K`` is gathered from the per-axis kernel matrices.
     """
     factors = L_K.factors
-    if A.is_sparse and L_K.toeplitz and len(factors) > 1 and all(f.dim() == 2 for f in factors):
+    fast = A.is_sparse and L_K.toeplitz and len(factors) > 1
+    if fast and all(f.dim() == 2 and f.dtype == A.dtype for f in factors):
         sums = _offset_sums(A, tuple(f.shape[-1] for f in factors))
         for factor in factors:  # contract the slowest remaining axis with its kappa_i
             first_row = factor[:1] @ factor.mT  # (L_i L_i^T)[0, :]
