@@ -434,8 +434,7 @@ class _NystromLogdetMinusQuad(torch.autograd.Function):
         u, z, precision, B, *factors = ctx.saved_tensors
         sizes = [f.shape[-1] for f in factors]
         # I - (I + G_N)^{-1} = B B^T: its partial traces are O(m k).
-        ones = B.new_ones(B.shape[-1])
-        complement = [outer_partial_trace(B.mT, ones, sizes, axis) for axis in range(len(sizes))]
+        complement = [outer_partial_trace(B.mT, None, sizes, axis) for axis in range(len(sizes))]
         grads = kronecker_logdet_minus_quad_backward(
             ctx, grad, u, z, precision, factors, complement, B.square().sum(), first_factor=7
         )

@@ -220,10 +220,24 @@ def partial_trace(matrix: Tensor, sizes: list[int], axis: int) -> Tensor:
     return torch.einsum(equation, matrix.reshape(*sizes, *sizes))
 
 
-def outer_partial_trace(vectors: Tensor, weights: Tensor, sizes: list[int], axis: int) -> Tensor:
-    r"""``sum_j weights_j`` partial trace (as :func:`partial_trace`) of ``u_j u_j^T``."""
-    U = vectors.reshape(-1, *sizes).movedim(axis + 1, 1).reshape(len(weights), sizes[axis], -1)
-    return torch.einsum("k,kar,kbr->ab", weights, U, U)
+def outer_partial_trace(
+    vectors: Tensor, weights: Tensor | None, sizes: list[int], axis: int
+) -> Tensor:
+    r"""``sum_j weights_j`` partial trace (as :func:`partial_trace`) of ``u_j u_j^T``.
+
+    ``vectors`` is ``k x m`` (the ``u_j`` as rows), ``weights`` ``k`` values or None for
+    ones. One GEMM of the vectors laid out ``g_axis x (k m / g_axis)`` with their
+    transpose (a ``torch.einsum`` over ``k x g_axis x (m / g_axis)`` copied and multiplied
+    the whole array per axis first: at ``32^3`` and ``k = 320`` it took 0.33 s per axis on
+    one CPU thread, the GEMM about a third of that).
+    """
+
+    def axis_first(rows: Tensor) -> Tensor:
+        return rows.reshape(-1, *sizes).movedim(axis + 1, 0).reshape(sizes[axis], -1)
+
+    U = axis_first(vectors)
+    weighted = U if weights is None else axis_first(weights.unsqueeze(-1) * vectors)
+    return weighted @ U.mT
 
 
 class _KroneckerLogdetMinusQuad(torch.autograd.Function):
