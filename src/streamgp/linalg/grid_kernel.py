@@ -304,11 +304,14 @@ class GridKernelRoot:
     def kernel_entries(self, rows: Tensor, cols: Tensor) -> Tensor:
         r"""Entries ``(L L^T)[rows, cols]`` from the small per-axis kernel matrices."""
         out = torch.ones(rows.shape, dtype=self.factors[0].dtype, device=rows.device)
-        row_rest, col_rest = rows, cols
-        for factor in reversed(self.factors):
-            size = factor.shape[-1]
-            out = out * (factor @ factor.mT)[row_rest % size, col_rest % size]
-            row_rest, col_rest = row_rest // size, col_rest // size
+        sizes = [factor.shape[-1] for factor in self.factors]
+        for factor, row, col in zip(
+            reversed(self.factors),
+            axis_indices(rows, sizes),
+            axis_indices(cols, sizes),
+            strict=True,
+        ):
+            out = out * (factor @ factor.mT)[row, col]
         return out
 
     def to_dense(self) -> Tensor:
@@ -512,6 +515,19 @@ class KernelFeatures:
         for a in factors[1:]:
             out = (out.unsqueeze(-1) * a.unsqueeze(-2)).flatten(-2)
         return out
+
+
+def axis_indices(flat: Tensor, sizes: list[int] | tuple[int, ...]):
+    r"""The per-axis grid indices of flat grid indices ``flat`` (first axis slowest), last
+    axis first: yields ``flat``'s index along ``sizes[-1]``, then ``sizes[-2]``, ...
+
+    Example:
+        >>> [i.tolist() for i in axis_indices(torch.tensor([0, 5, 11]), [3, 4])]
+        [[0, 1, 3], [0, 1, 2]]
+    """
+    for size in reversed(sizes):
+        yield flat % size
+        flat = flat // size
 
 
 def is_separable(covar_module: Kernel) -> bool:

@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 
-from streamgp.linalg.grid_kernel import GridKernelRoot
+from streamgp.linalg.grid_kernel import GridKernelRoot, axis_indices
 from streamgp.linalg.love import (
     DEFAULT_TOLERANCE,
     block_lanczos,
@@ -200,9 +200,12 @@ def _offset_sums(A: Tensor, sizes: tuple[int, ...]) -> Tensor:
     coalesced = A.coalesce()
     (rows, cols), values = coalesced.indices(), coalesced.values()
     flat_offset, stride = torch.zeros_like(rows), 1
-    for size in reversed(sizes):  # the last axis varies fastest in the flat index
-        flat_offset += stride * (rows % size - cols % size).abs()
-        rows, cols, stride = rows // size, cols // size, stride * size
+    # The last axis varies fastest in the flat index.
+    for size, row, col in zip(
+        reversed(sizes), axis_indices(rows, sizes), axis_indices(cols, sizes), strict=True
+    ):
+        flat_offset += stride * (row - col).abs()
+        stride *= size
     sums = values.new_zeros(math.prod(sizes)).index_add_(0, flat_offset, values)
     sums = sums.reshape(sizes)
     _OFFSET_SUMS[A] = (key, sums)
