@@ -8,6 +8,10 @@ who swaps ``SingleTaskGP`` for it pays, on the two calls a BoTorch loop makes mo
 - ``qLogNEI fwd+bwd``: the value and gradient of BoTorch's qLogNEI (256 QMC samples,
   ``q = 3``, a batch of 5 candidate sets: what ``optimize_acqf`` evaluates at every
   L-BFGS step) on a ``ModelListGP`` of two models, as in BoTorch's closed-loop tutorial;
+- ``mll fwd+bwd``: the value and gradient of both models' marginal likelihoods, the
+  closures ``fit_gpytorch_mll`` evaluates at every L-BFGS-B step (in training mode; on a
+  ``SumMarginalLogLikelihood`` BoTorch fits each model of the list with its own
+  ``ExactMarginalLogLikelihood``, so each model's closure is timed, not the sum's);
 
 each for both models built the tutorial's way (``Normalize(d)`` without bounds, known
 noise, fitted with ``fit_gpytorch_mll``) on ``n`` points. Counted: top-level aten
@@ -36,8 +40,9 @@ from botorch.acquisition.objective import GenericMCObjective
 from botorch.fit import fit_gpytorch_mll
 from botorch.models import ModelListGP, SingleTaskGP
 from botorch.models.transforms import Normalize
+from botorch.optim.closures import get_loss_closure
 from botorch.sampling import SobolQMCNormalSampler
-from gpytorch.mlls import SumMarginalLogLikelihood
+from gpytorch.mlls import ExactMarginalLogLikelihood, SumMarginalLogLikelihood
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from streamgp import WiskiGP
@@ -104,7 +109,20 @@ def steps(cls, dim: int, n: int, seed: int):
     def acquisition_step() -> None:
         acquisition(candidates).sum().backward()
 
-    return {"posterior": posterior, "qLogNEI fwd+bwd": acquisition_step}
+    mlls = [ExactMarginalLogLikelihood(part.likelihood, part) for part in parts]
+    losses = [get_loss_closure(mll) for mll in mlls]  # fit_gpytorch_mll's closures
+
+    def likelihood_step() -> None:
+        for mll, loss in zip(mlls, losses, strict=True):
+            if not mll.training:  # (timed last: the other steps stay in eval mode)
+                mll.train()
+            loss().backward()
+
+    return {
+        "posterior": posterior,
+        "qLogNEI fwd+bwd": acquisition_step,
+        "mll fwd+bwd": likelihood_step,
+    }
 
 
 def main() -> None:
@@ -120,7 +138,7 @@ def main() -> None:
     for dim in args.dims:
         for n in args.n:
             built = {name: steps(cls, dim, n, seed=0) for name, cls in MODELS.items()}
-            for step in ("posterior", "qLogNEI fwd+bwd"):
+            for step in ("posterior", "qLogNEI fwd+bwd", "mll fwd+bwd"):
                 for name in MODELS:
                     built[name][step]()  # warm-up: caches built
                 ops = {name: count_ops(built[name][step]) for name in MODELS}

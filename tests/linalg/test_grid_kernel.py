@@ -228,3 +228,44 @@ def test_stacked_rbf_roots_equal_one_factorisation_per_kernel_with_their_gradien
     expected = torch.autograd.grad(loss(one_by_one), parameters)
     for a, b in zip(grads, expected, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(("factors", "batch"), [(1, ()), (3, ()), (4, (2,))])
+def test_feature_gram_values_and_gradients_equal_the_products_of_the_factors(
+    factors, batch, monkeypatch
+):
+    # KernelFeatures.gram's own backward against autograd's through the explicit product
+    # of the factors' Gram matrices, including zero columns (zero-padded factors) and a
+    # factor whose Gram matrix has zeros (no division anywhere), and second derivatives.
+    from streamgp.linalg import grid_kernel
+    from streamgp.linalg.grid_kernel import KernelFeatures
+
+    monkeypatch.setattr(grid_kernel, "_FEATURE_GRAM_MIN_ROWS", 1)  # (5 rows here)
+
+    generator = torch.Generator().manual_seed(factors)
+    stack = torch.randn(factors, *batch, 5, 3, dtype=DT, generator=generator)
+    stack[..., -1] = 0.0
+    if factors > 1:
+        stack[1, ..., 0, :] = 0.0  # row 0 of factor 1: K_1 has a zero row and column
+    weights = torch.randn(*batch, 5, 5, dtype=DT, generator=generator)
+
+    def explicit(s):
+        grams = s @ s.mT
+        out = grams[0]
+        for gram in grams[1:]:
+            out = out * gram
+        return out
+
+    widths = (3,) * factors
+    a = stack.clone().requires_grad_(True)
+    b = stack.clone().requires_grad_(True)
+    gram = KernelFeatures(a, widths).gram()
+    expected = explicit(b)
+    torch.testing.assert_close(gram, expected, rtol=1e-14, atol=1e-14)
+    (grad_a,) = torch.autograd.grad((gram * weights).sum(), a)
+    (grad_b,) = torch.autograd.grad((expected * weights).sum(), b)
+    torch.testing.assert_close(grad_a, grad_b, rtol=1e-12, atol=1e-12)
+    with torch.no_grad():  # no graph: the same values as the cross product
+        torch.testing.assert_close(KernelFeatures(stack, widths).gram(), expected.detach())
+    small = stack[..., :3, :].clone().requires_grad_(True)
+    assert torch.autograd.gradgradcheck(lambda s: KernelFeatures(s, widths).gram(), (small,))

@@ -112,7 +112,7 @@ class DataPosterior:
     ) -> DataPosterior:
         r"""Factorise ``K_SKI + diag(noise)`` for rows ``weights`` in ``O(n^3)``."""
         features = kernel_root.features(weights)
-        B = features.cross(features) + torch.diag_embed(noise)
+        B = features.gram() + torch.diag_embed(noise)
         chol = cholesky(B)
         whitened = _solve_lower(chol, y.unsqueeze(-1)).squeeze(-1)
         return DataPosterior(kernel_root, features, chol, whitened)
@@ -159,7 +159,7 @@ class DataPosterior:
         r"""Absorb ``q`` unbatched rows by extending ``L_B`` with one block row, ``O(n^2 q)``."""
         new = self.kernel_root.features(weights)
         U = self.whiten(new)  # n x q
-        S = new.cross(new) + torch.diag_embed(noise) - U.mT @ U
+        S = new.gram() + torch.diag_embed(noise) - U.mT @ U
         L_qq = cholesky(S)
         # (whitened @ U) is U^T z for one output's z and for k outputs' rows alike.
         z_q = _solve_lower(L_qq, (y - self.whitened @ U).unsqueeze(-1)).squeeze(-1)
@@ -255,7 +255,7 @@ class DataCorrection:
             )
         features = posterior.kernel_root.features(W_q)
         U = posterior.whiten(features)
-        S = features.cross(features) + torch.diag_embed(noise) - U.mT @ U
+        S = features.gram() + torch.diag_embed(noise) - U.mT @ U
         chol = cholesky(S)
         residual = y - (U.mT @ posterior.whitened.unsqueeze(-1)).squeeze(-1)
         gamma = _solve_lower(chol, residual.unsqueeze(-1)).squeeze(-1)

@@ -534,7 +534,7 @@ class DataStatistics:
     ) -> Tensor:
         r"""Exact SKI ``log p(y)`` in data space: ``O(n^2 sum_j g_j + n^3)``."""
         features = kernel_root.features(self.weights)
-        B = features.cross(features) + torch.diag_embed(self.row_noise(noise_variance))
+        B = features.gram() + torch.diag_embed(self.row_noise(noise_variance))
         return -0.5 * (logdet_plus_quad(B, self.y, 1.0) + self.count * _LOG_2PI)
 
     def posterior(
