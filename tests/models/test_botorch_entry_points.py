@@ -121,6 +121,43 @@ def test_closed_loop_tutorial_pattern(name):
     assert fantasy.posterior(Xs).mean.shape == (3, 4, 2)
 
 
+@pytest.mark.parametrize("name", ["WiskiGP", "SoftKIGP", "OnlineSGPR", "OnlineSoftKIGP"])
+def test_gpytorch_hand_written_loop_is_refused_and_the_named_loop_fits(name):
+    # Their forward is the posterior: -mll(model(train_x), train_y) scored it, silently,
+    # with no gradient in the kernel (on a ModelListGP through the summed likelihood too).
+    X = torch.rand(15, 3, dtype=DTYPE)
+    model = _build(name, X, _problem(X)[0])
+    mll = ExactMarginalLogLikelihood(model.likelihood, model)
+    mll.train()
+    state = copy.deepcopy(model.state_dict())
+    X_t = model.transform_inputs(X)
+    y_t = torch.zeros(len(X), dtype=DTYPE)  # (refused before the targets are read)
+    with pytest.raises(RuntimeError, match=f"{name}.X. was called in training mode"):
+        mll(model(X_t), y_t)
+    with pytest.raises(RuntimeError, match="call model.eval"):
+        model(X_t).mean  # noqa: B018
+    listed = ModelListGP(_build(name, X, _problem(X)[0]), _build(name, X, _problem(X)[1]))
+    summed = SumMarginalLogLikelihood(listed.likelihood, listed)
+    summed.train()
+    with pytest.raises(RuntimeError, match="compute_custom_loss"):
+        summed(listed(X_t, X_t), [y_t, y_t])
+    for key, value in model.state_dict().items():  # nothing changed
+        assert torch.equal(value, state[key]), key
+    # The loop the message names: the model's objective, as fit_gpytorch_mll's closure.
+    # (BoTorch's noise constraint has no transform: a plain optimizer must leave it alone.)
+    kernel = [p for n, p in model.named_parameters() if "noise" not in n and p.requires_grad]
+    optimizer = torch.optim.Adam(kernel, lr=0.05)
+    before = model.compute_custom_loss(mll).item()
+    assert before == pytest.approx(get_loss_closure(mll)().item(), rel=1e-12)
+    for _ in range(10):
+        optimizer.zero_grad()
+        model.compute_custom_loss(mll).backward()
+        optimizer.step()
+    assert model.compute_custom_loss(mll).item() < before
+    model.eval()  # in eval mode the forward is the posterior (of the transformed outcome)
+    assert torch.isfinite(model(model.transform_inputs(X)).mean).all()
+
+
 @pytest.mark.parametrize("name", list(FACTORIES))
 def test_loss_closure_is_the_models_objective_and_fitting_improves_it(name):
     X = torch.rand(15, 3, dtype=DTYPE)

@@ -32,6 +32,7 @@ from botorch.models.model import Model
 from botorch.models.transforms.input import InputTransform
 from botorch.models.transforms.outcome import OutcomeTransform
 from botorch.utils.datasets import SupervisedDataset
+from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import Kernel
 from gpytorch.means import Mean
 from torch import Tensor
@@ -395,6 +396,28 @@ class CheckpointMixin:
         r"""Inverse of :meth:`_stream_state`."""
 
 
+class TrainingModeOutput(MultivariateNormal):
+    r"""The output of a streaming model's ``model(X)`` in training mode: every use raises.
+
+    A ``MultivariateNormal`` only so that gpytorch's checks let it through to the first
+    use of its mean or covariance, which raises a ``RuntimeError`` saying how to fit (see
+    :meth:`StreamingModelMixin._training_mode_output`).
+    """
+
+    _allowed = frozenset({"_message", "__class__", "__dict__", "__repr__", "_raise"})
+
+    def __init__(self, message: str) -> None:  # (no distribution is built)
+        object.__setattr__(self, "_message", message)
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in TrainingModeOutput._allowed:
+            return object.__getattribute__(self, name)
+        raise RuntimeError(object.__getattribute__(self, "_message"))
+
+    def __repr__(self) -> str:
+        return "TrainingModeOutput(<refuses every use: call model.eval() first>)"
+
+
 class StreamingModelMixin(CheckpointMixin, PosteriorMixin):
     r"""Fitting, warm-start and posterior plumbing shared by streamgp's models.
 
@@ -431,6 +454,29 @@ class StreamingModelMixin(CheckpointMixin, PosteriorMixin):
         """
         value, n = self.fit_objective()
         return -per_datum_objective(mll, value, n)
+
+    def _training_mode_output(self) -> TrainingModeOutput:
+        r"""What a ``forward`` that is the posterior returns in training mode.
+
+        Such a model has no prior to return on its training inputs (an ``ExactGP``'s
+        training-mode output): gpytorch's hand-written loop
+        ``-ExactMarginalLogLikelihood(...)(model(train_x), train_y)`` would score the
+        posterior there, a different objective with no gradient in the kernel, silently.
+        So the output refuses every use, naming the ways to fit; a marginal likelihood
+        that ignores it (:class:`~streamgp.mlls.WoodburyMarginalLogLikelihood`) works as
+        before. ``fit_gpytorch_mll`` never calls ``forward`` (its closures use
+        :meth:`compute_custom_loss`), nor does ``posterior`` (which switches to eval
+        mode).
+        """
+        name = type(self).__name__
+        return TrainingModeOutput(
+            f"{name}(X) was called in training mode. Its forward is the posterior given "
+            "its data, so gpytorch's -mll(model(train_x), train_y) would score that, not the "
+            "model's marginal likelihood. Fit with botorch.fit.fit_gpytorch_mll("
+            "ExactMarginalLogLikelihood(model.likelihood, model)) (a "
+            "SumMarginalLogLikelihood for a ModelListGP), or in your own loop minimise "
+            "model.compute_custom_loss(mll); call model.eval() before using model(X)."
+        )
 
     def is_data_key(self, key: str) -> bool:
         r"""Whether ``state_dict()[key]`` holds data rather than a hyperparameter."""

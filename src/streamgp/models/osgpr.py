@@ -676,6 +676,8 @@ class OnlineSGPR(
 
     def forward(self, X: Tensor) -> MultivariateNormal:
         r"""Posterior of the latent function at already-transformed inputs ``X``."""
+        if self.training:  # (no prior to return: see _training_mode_output)
+            return self._training_mode_output()
         posterior = self.sparse_posterior()
         mean, covar = predict(
             self.covar_module, posterior, self._current_correction(), X, self._prior_mean
