@@ -269,3 +269,35 @@ def test_feature_gram_values_and_gradients_equal_the_products_of_the_factors(
         torch.testing.assert_close(KernelFeatures(stack, widths).gram(), expected.detach())
     small = stack[..., :3, :].clone().requires_grad_(True)
     assert torch.autograd.gradgradcheck(lambda s: KernelFeatures(s, widths).gram(), (small,))
+
+
+@pytest.mark.parametrize("batch", [(3,), (2, 3)])
+def test_feature_cross_with_one_side_unbatched_equals_the_broadcast_products(batch):
+    # The observed rows (no batch) against batched candidates, both ways round: the batch
+    # folded into one product per factor gives the broadcast products' values and gradients.
+    from streamgp.linalg.grid_kernel import KernelFeatures
+
+    generator = torch.Generator().manual_seed(len(batch))
+    observed = torch.randn(4, 7, 3, dtype=DT, generator=generator)
+    candidates = torch.randn(4, *batch, 2, 3, dtype=DT, generator=generator)
+    weights = torch.randn(*batch, 7, 2, dtype=DT, generator=generator)
+
+    def explicit(a, b):
+        a = a.reshape(a.shape[0], *([1] * len(batch)), *a.shape[1:])
+        blocks = a @ b.mT
+        out = blocks[0]
+        for block in blocks[1:]:
+            out = out * block
+        return out
+
+    for flip in (False, True):
+        a1, b1 = observed.clone().requires_grad_(True), candidates.clone().requires_grad_(True)
+        a2, b2 = observed.clone().requires_grad_(True), candidates.clone().requires_grad_(True)
+        left, right = KernelFeatures(a1, (3,) * 4), KernelFeatures(b1, (3,) * 4)
+        value = right.cross(left).mT if flip else left.cross(right)
+        expected = explicit(a2, b2)
+        torch.testing.assert_close(value, expected, rtol=1e-13, atol=1e-13)
+        grads = torch.autograd.grad((value * weights).sum(), (a1, b1))
+        expected_grads = torch.autograd.grad((expected * weights).sum(), (a2, b2))
+        for got, want in zip(grads, expected_grads, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

@@ -492,6 +492,22 @@ class _FeatureGram(torch.autograd.Function):
         return out
 
 
+def _unbatched(stack: Tensor) -> bool:
+    return all(size == 1 for size in stack.shape[1:-2])
+
+
+def _folded_blocks(a: Tensor, b: Tensor) -> Tensor:
+    r"""``a @ b.mT`` (``f x batch x N x N'``) for an ``a`` without batch (size-one dims):
+    ``b``'s batch is folded into the columns of one product per factor. Broadcasting
+    ``a`` instead copies it into every batch member and runs ``f x batch`` small products
+    (an acquisition's candidates against the ``n`` observed rows), forward and backward."""
+    f, rows, width = a.shape[0], a.shape[-2], a.shape[-1]
+    batch, columns = b.shape[1:-2], b.shape[-2]
+    blocks = a.reshape(f, rows, width) @ b.reshape(f, -1, width).mT  # f x N x (batch N')
+    blocks = blocks.reshape(f, rows, -1, columns).movedim(1, 2)  # f x batch x N x N'
+    return blocks.reshape(f, *batch, rows, columns)
+
+
 @dataclass(frozen=True)
 class KernelFeatures:
     r"""Rows ``phi(x) = L^T w(x)`` of ``W L`` in Kronecker-factored form.
@@ -528,7 +544,12 @@ class KernelFeatures:
     def cross(self, other: KernelFeatures) -> Tensor:
         r"""``k_SKI`` between these rows and ``other``'s: ``batch x N x N'``."""
         ndim = max(self.stack.dim(), other.stack.dim())
-        return product(self._aligned(ndim) @ other._aligned(ndim).mT, 0)
+        a, b = self._aligned(ndim), other._aligned(ndim)
+        if _unbatched(a) and not _unbatched(b):
+            return product(_folded_blocks(a, b), 0)
+        if _unbatched(b) and not _unbatched(a):
+            return product(_folded_blocks(b, a).mT, 0)
+        return product(a @ b.mT, 0)
 
     def _aligned(self, ndim: int) -> Tensor:
         # The stack with size-one batch dims added behind the leading factor dim, so that
