@@ -503,9 +503,9 @@ def _folded_blocks(a: Tensor, b: Tensor) -> Tensor:
     (an acquisition's candidates against the ``n`` observed rows), forward and backward."""
     f, rows, width = a.shape[0], a.shape[-2], a.shape[-1]
     batch, columns = b.shape[1:-2], b.shape[-2]
-    blocks = a.reshape(f, rows, width) @ b.reshape(f, -1, width).mT  # f x N x (batch N')
-    blocks = blocks.reshape(f, rows, -1, columns).movedim(1, 2)  # f x batch x N x N'
-    return blocks.reshape(f, *batch, rows, columns)
+    # b's rows first, so that the batch splits off as a view (no copy either way round).
+    blocks = b.reshape(f, -1, width) @ a.reshape(f, rows, width).mT  # f x (batch N') x N
+    return blocks.reshape(f, *batch, columns, rows).mT
 
 
 @dataclass(frozen=True)
