@@ -158,6 +158,16 @@ def test_gpytorch_hand_written_loop_is_refused_and_the_named_loop_fits(name):
     assert torch.isfinite(model(model.transform_inputs(X)).mean).all()
 
 
+@pytest.mark.parametrize("name", ["OnlineSVGP", "DecoupledSVGP", "LocalGP"])
+@pytest.mark.parametrize("training", [True, False])
+def test_models_without_a_latent_forward_refuse_model_x_naming_posterior(name, training):
+    X = torch.rand(15, 3, dtype=DTYPE)
+    model = _build(name, X, _problem(X)[0])
+    model.train(training)
+    with pytest.raises(NotImplementedError, match=rf"{name}\(X\).*model.posterior\(X\)"):
+        model(X)
+
+
 @pytest.mark.parametrize("name", list(FACTORIES))
 def test_loss_closure_is_the_models_objective_and_fitting_improves_it(name):
     X = torch.rand(15, 3, dtype=DTYPE)

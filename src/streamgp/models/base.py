@@ -455,6 +455,19 @@ class StreamingModelMixin(CheckpointMixin, PosteriorMixin):
         value, n = self.fit_objective()
         return -per_datum_objective(mll, value, n)
 
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        r"""Refuse ``model(X)`` for a model that predicts only through :meth:`posterior`.
+
+        The models with a latent ``forward`` of their own (WISKI, SoftKI, O-SGPR) come
+        before this mixin in their bases; the others (O-SVGP, SVDGP, local GPs) reached
+        gpytorch's ``Module.forward``, whose ``NotImplementedError`` had no message.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__}(X): this model predicts through model.posterior(X) "
+            "only; it is fitted with botorch.fit.fit_gpytorch_mll(ExactMarginalLogLikelihood("
+            "model.likelihood, model)) (or model.compute_custom_loss(mll) in your own loop)."
+        )
+
     def _training_mode_output(self) -> TrainingModeOutput:
         r"""What a ``forward`` that is the posterior returns in training mode.
 
