@@ -404,7 +404,7 @@ class TrainingModeOutput(MultivariateNormal):
     :meth:`StreamingModelMixin._training_mode_output`).
     """
 
-    _allowed = frozenset({"_message", "__class__", "__dict__", "__repr__", "_raise"})
+    _allowed = frozenset({"_message", "__class__", "__dict__", "__repr__"})
 
     def __init__(self, message: str) -> None:  # (no distribution is built)
         object.__setattr__(self, "_message", message)
@@ -455,21 +455,31 @@ class StreamingModelMixin(CheckpointMixin, PosteriorMixin):
         value, n = self.fit_objective()
         return -per_datum_objective(mll, value, n)
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        r"""Refuse ``model(X)`` for a model that predicts only through :meth:`posterior`.
+    #: The model's latent posterior at transformed inputs (``X -> MultivariateNormal``),
+    #: where it has one (WISKI, SoftKI, O-SGPR define the method); None for a model that
+    #: predicts through :meth:`posterior` only (O-SVGP, SVDGP, local GPs).
+    _latent_forward = None
 
-        The models with a latent ``forward`` of their own (WISKI, SoftKI, O-SGPR) come
-        before this mixin in their bases; the others (O-SVGP, SVDGP, local GPs) reached
-        gpytorch's ``Module.forward``, whose ``NotImplementedError`` had no message.
+    def forward(self, X: Tensor) -> Any:
+        r"""``model(X)``: the latent posterior in eval mode; refused otherwise.
+
+        In training mode the output refuses every use (:meth:`_training_mode_output`);
+        a model without a latent posterior raises a ``NotImplementedError`` naming
+        :meth:`posterior` (gpytorch's ``Module.forward`` raised one without a message).
         """
-        raise NotImplementedError(
-            f"{type(self).__name__}(X): this model predicts through model.posterior(X) "
-            "only; it is fitted with botorch.fit.fit_gpytorch_mll(ExactMarginalLogLikelihood("
-            "model.likelihood, model)) (or model.compute_custom_loss(mll) in your own loop)."
-        )
+        if self._latent_forward is None:
+            raise NotImplementedError(
+                f"{type(self).__name__}(X): this model predicts through model.posterior(X) "
+                "only; it is fitted with botorch.fit.fit_gpytorch_mll("
+                "ExactMarginalLogLikelihood(model.likelihood, model)) (or "
+                "model.compute_custom_loss(mll) in your own loop)."
+            )
+        if self.training:
+            return self._training_mode_output()
+        return self._latent_forward(X)
 
     def _training_mode_output(self) -> TrainingModeOutput:
-        r"""What a ``forward`` that is the posterior returns in training mode.
+        r"""What :meth:`forward` returns in training mode.
 
         Such a model has no prior to return on its training inputs (an ``ExactGP``'s
         training-mode output): gpytorch's hand-written loop

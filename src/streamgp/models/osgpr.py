@@ -674,10 +674,9 @@ class OnlineSGPR(
             X, name, like=self.pseudo_eta, min_dim=2, last_dim=self.inducing_points.shape[-1]
         )
 
-    def forward(self, X: Tensor) -> MultivariateNormal:
-        r"""Posterior of the latent function at already-transformed inputs ``X``."""
-        if self.training:  # (no prior to return: see _training_mode_output)
-            return self._training_mode_output()
+    def _latent_forward(self, X: Tensor) -> MultivariateNormal:
+        r"""Posterior of the latent function at already-transformed inputs ``X`` (what
+        ``model(X)`` returns in eval mode; see ``StreamingModelMixin.forward``)."""
         posterior = self.sparse_posterior()
         mean, covar = predict(
             self.covar_module, posterior, self._current_correction(), X, self._prior_mean

@@ -842,7 +842,7 @@ class SoftKIGP(
         total = 0.0
         with torch.no_grad():
             for X_c, y_c in zip(X.split(QR_CHUNK), y.split(QR_CHUNK), strict=True):
-                total += (y_c - self._latent_normal(X_c).mean).square().sum().item()
+                total += (y_c - self._latent_forward(X_c).mean).square().sum().item()
         return total / len(y)
 
     def calibrate_noise(self) -> float:
@@ -934,14 +934,9 @@ class SoftKIGP(
         warn_far_predictions(X_t, self.inducing_points.detach())
         return X_t
 
-    def forward(self, X: Tensor) -> MultivariateNormal:
-        r"""Posterior of the latent function at already-transformed inputs ``X``."""
-        if self.training:  # (no prior to return: see _training_mode_output)
-            return self._training_mode_output()
-        return self._latent_normal(X)
-
-    def _latent_normal(self, X: Tensor) -> MultivariateNormal:
-        r""":meth:`forward`'s posterior, in either mode (for the model's own uses)."""
+    def _latent_forward(self, X: Tensor) -> MultivariateNormal:
+        r"""Posterior of the latent function at already-transformed inputs ``X`` (what
+        ``model(X)`` returns in eval mode; see ``StreamingModelMixin.forward``)."""
         posterior = self.softki_posterior()
         weights = self.weights(X)
         mean, positive, negative = self._current_correction().predict_factors(posterior, weights)

@@ -31,10 +31,9 @@ class PredictionMixin:
     Part of :class:`~streamgp.models.WiskiGP`, which inherits its methods unchanged.
     """
 
-    def forward(self, X: Tensor) -> MultivariateNormal:
-        r"""Posterior of the latent function at already-transformed inputs ``X``."""
-        if self.training:  # (no prior to return: see _training_mode_output)
-            return self._training_mode_output()
+    def _latent_forward(self, X: Tensor) -> MultivariateNormal:
+        r"""Posterior of the latent function at already-transformed inputs ``X`` (what
+        ``model(X)`` returns in eval mode; see ``StreamingModelMixin.forward``)."""
         posterior = self.exact_posterior()
         love = self.love_grid_posterior()
         correction = self._current_correction()
