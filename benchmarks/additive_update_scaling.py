@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import subprocess
 import time
@@ -52,7 +51,7 @@ from gpytorch.mlls import ExactMarginalLogLikelihood
 
 from streamgp import AdditiveWiskiGP
 from streamgp.models.additive_wiski import additive_kernel, check_groups
-from streamgp.utils.machine import machine_info, synchronize
+from streamgp.utils.machine import device_label, machine_info, synchronize
 
 Q, T = 3, 16
 LENGTHSCALE, NOISE = 0.3, 0.01
@@ -264,7 +263,7 @@ def main():
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "additive_update_scaling" + ("_quick" if args.quick else "")
     if tkwargs["device"].type != "cpu":
-        stem += "-" + re.sub(r"[^a-z0-9]+", "-", machine.get("gpu", args.device).lower()).strip("-")
+        stem += "-" + device_label(machine)
     frame.to_csv(args.out / f"{stem}.csv", index=False)
     (args.out / f"{stem}.json").write_text(
         json.dumps({"machine": machine, "summary": summary, "rows": rows}, indent=2)

@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -78,7 +77,7 @@ from hot_path_ops import (
 
 from streamgp import WiskiGP, WoodburyMarginalLogLikelihood
 from streamgp.settings import cuda_graphs
-from streamgp.utils.machine import machine_info, median_seconds, synchronize
+from streamgp.utils.machine import device_label, machine_info, median_seconds, synchronize
 
 REPO = Path(__file__).resolve().parents[1]
 D = 3
@@ -566,7 +565,7 @@ def main() -> None:
     torch.manual_seed(0)
     tkwargs = {"dtype": torch.float64, "device": torch.device(args.device)}
     machine = machine_info(args.device)
-    name = re.sub(r"[^a-z0-9]+", "-", machine.get("gpu", args.device).lower()).strip("-")
+    name = device_label(machine)
     if args.quick:
         name += "-quick"
     args.out.mkdir(parents=True, exist_ok=True)

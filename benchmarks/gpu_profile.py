@@ -27,7 +27,6 @@ import cProfile
 import io
 import json
 import pstats
-import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,7 +36,7 @@ from hot_path_ops import STEPS, build, op_counts, step_inputs
 from torch.profiler import ProfilerActivity, profile
 
 from streamgp.linalg import love, structured
-from streamgp.utils.machine import machine_info, median_seconds, synchronize
+from streamgp.utils.machine import device_label, machine_info, median_seconds, synchronize
 
 
 def _python_profile(fn: Callable[[], object], calls: int, top: int = 30) -> str:
@@ -180,7 +179,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     machine = machine_info(args.device)
-    name = re.sub(r"[^a-z0-9]+", "-", machine.get("gpu", args.device).lower()).strip("-")
+    name = device_label(machine)
     results = {"machine": machine}
     for dtype in ("float32", "float64"):
         tkwargs = {"dtype": getattr(torch, dtype), "device": torch.device(args.device)}

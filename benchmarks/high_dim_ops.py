@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 import warnings
 from pathlib import Path
 
@@ -46,7 +45,7 @@ from gpytorch.mlls import ExactMarginalLogLikelihood, SumMarginalLogLikelihood
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from streamgp import WiskiGP
-from streamgp.utils.machine import machine_info
+from streamgp.utils.machine import device_label, machine_info, median_seconds
 
 T, Q, BATCH, MC = 16, 3, 5, 256
 MODELS = {"SingleTaskGP": SingleTaskGP, "WiskiGP": WiskiGP}
@@ -70,29 +69,27 @@ def count_ops(step) -> int:
 
 
 def median_ms(step, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(1e3 * (time.perf_counter() - start))
-    return statistics.median(times)
+    r"""Median milliseconds of ``step``, each call timed to the end of its device work."""
+    return 1e3 * median_seconds(step, repeats)
 
 
-def steps(cls, dim: int, n: int, seed: int):
-    r"""The two steps for a ``ModelListGP`` of two ``cls`` models on ``n`` points."""
+def steps(cls, dim: int, n: int, seed: int, device: str | torch.device = "cpu"):
+    r"""The three steps for a ``ModelListGP`` of two ``cls`` models on ``n`` points."""
     generator = torch.Generator().manual_seed(seed)
     X = torch.rand(n, dim, dtype=torch.float64, generator=generator)
     Y = torch.stack([torch.sin(5 * X).sum(-1), X.sum(-1) - dim / 2], -1)
     Y = Y + 0.1 * torch.randn(n, 2, dtype=torch.float64, generator=generator)
+    X, Y = X.to(device), Y.to(device)
     parts = [
-        cls(X, Y[:, i : i + 1], torch.full((n, 1), 0.01, dtype=torch.float64),
+        cls(X, Y[:, i : i + 1], torch.full((n, 1), 0.01, dtype=torch.float64, device=device),
             input_transform=Normalize(d=dim))
         for i in range(2)
     ]  # fmt: skip
     model = ModelListGP(*parts)
     fit_gpytorch_mll(SumMarginalLogLikelihood(model.likelihood, model))
-    test = torch.rand(T, dim, dtype=torch.float64, generator=generator)
+    test = torch.rand(T, dim, dtype=torch.float64, generator=generator).to(device)
     candidates = torch.rand(BATCH, Q, dim, dtype=torch.float64, generator=generator)
+    candidates = candidates.to(device)
     candidates.requires_grad_(True)
     acquisition = qLogNoisyExpectedImprovement(  # the tutorial's objective and constraint
         model,
@@ -130,14 +127,16 @@ def main() -> None:
     parser.add_argument("--dims", type=int, nargs="+", default=[6, 10, 20])
     parser.add_argument("--n", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (timed synchronised)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
+    device = torch.device(args.device)
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     rows = []
     for dim in args.dims:
         for n in args.n:
-            built = {name: steps(cls, dim, n, seed=0) for name, cls in MODELS.items()}
+            built = {name: steps(cls, dim, n, 0, device) for name, cls in MODELS.items()}
             for step in ("posterior", "qLogNEI fwd+bwd", "mll fwd+bwd"):
                 for name in MODELS:
                     built[name][step]()  # warm-up: caches built
@@ -161,9 +160,12 @@ def main() -> None:
                     print(rows[-1], flush=True)
     frame = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(args.out / "high_dim_ops.csv", index=False)
-    payload = {"machine": machine_info(dtype="float64"), "rows": rows}
-    (args.out / "high_dim_ops.json").write_text(json.dumps(payload, indent=2, default=str))
+    # The CPU results keep their name; a GPU's go beside them, named by the device.
+    machine = machine_info(device, dtype="float64")
+    stem = "high_dim_ops" if device.type == "cpu" else f"high_dim_ops-{device_label(machine)}"
+    frame.to_csv(args.out / f"{stem}.csv", index=False)
+    payload = {"machine": machine, "rows": rows}
+    (args.out / f"{stem}.json").write_text(json.dumps(payload, indent=2, default=str))
     ratio = frame.pivot_table(index=["d", "n", "step"], columns="model", values="median_ms")
     ratio["WiskiGP / SingleTaskGP"] = ratio["WiskiGP"] / ratio["SingleTaskGP"]
     print(ratio.to_string(float_format=lambda v: f"{v:.2f}"))

@@ -40,16 +40,22 @@ def test_tiny_bo_run_writes_csv_and_summary(tmp_path, capsys):
     assert "best_value" in capsys.readouterr().out
 
 
-def test_models_auto_picks_the_additive_wiski_above_three_dimensions(tmp_path):
+def test_models_auto_follows_the_dimension_and_the_runs_length(tmp_path):
+    # 6-D, 6 + 2 x 3 = 12 observations: a short run, so WISKI in data space.
     argv = "bo --function ackley --dim 6 --models auto,exact --steps 2 --num-init 6"
     argv += " --num-restarts 2 --raw-samples 16 --maxiter 5 --fit-max-iter 5"
     argv += " --no-progress --no-plots --out"
     main([*argv.split(), str(tmp_path)])
     results = pd.read_csv(tmp_path / "bo_ackley_qucb.csv")
-    assert set(results["model"]) == {"wiski-additive", "exact"} and results["step"].max() == 2
-    from streamgp.cli import _resolve_models
+    assert set(results["model"]) == {"wiski", "exact"} and results["step"].max() == 2
+    from streamgp.cli import _final_observations, _resolve_models, build_parser
+    from streamgp.models.registry import AUTO_DATA_SPACE_MAX_OBSERVATIONS as LIMIT
 
-    assert _resolve_models(["auto", "wiski"], 2) == ["wiski"]
+    assert _resolve_models(["auto", "wiski"], 2, 10**6) == ["wiski"]
+    assert _resolve_models(["auto"], 6, LIMIT) == ["wiski"]
+    assert _resolve_models(["auto", "exact"], 6, LIMIT + 1) == ["wiski-additive", "exact"]
+    args = build_parser().parse_args("bo --num-init 7 --steps 40 --q 5".split())
+    assert _final_observations(args) == 7 + 40 * 5
 
 
 def test_active_pool_batch_size_reaches_the_acquisition_options():

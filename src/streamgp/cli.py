@@ -33,7 +33,12 @@ import pandas as pd
 
 from streamgp.loops.acquisition import BOX_ACQUISITIONS, POOL_ACQUISITIONS, AcquisitionOptions
 from streamgp.loops.bo import TEST_FUNCTIONS
-from streamgp.models.registry import choose_model, get_model_spec, registered_models
+from streamgp.models.registry import (
+    AUTO_DATA_SPACE_MAX_OBSERVATIONS,
+    choose_model,
+    get_model_spec,
+    registered_models,
+)
 
 
 def _choices_list(choices: Sequence[str], what: str):
@@ -98,8 +103,9 @@ def _common(parser: argparse.ArgumentParser, default_q: int, default_init: int) 
         "--models",
         type=models,
         default=["wiski", "exact"],
-        help="e.g. wiski,exact; auto: the streaming model for the dimension "
-        "(wiski up to 3-D, wiski-additive above)",
+        help="e.g. wiski,exact; auto: the streaming model for the dimension and the run's "
+        "length (wiski up to 3-D; above, wiski in data space for runs of at most "
+        f"{AUTO_DATA_SPACE_MAX_OBSERVATIONS} observations, else wiski-additive)",
     )
     parser.add_argument("--steps", type=_positive_int, default=100, help="steps per run")
     parser.add_argument(
@@ -200,9 +206,17 @@ def _acquisition_options(args: argparse.Namespace) -> AcquisitionOptions:
     )
 
 
-def _resolve_models(models: list[str], dim: int) -> list[str]:
-    """``--models`` with ``auto`` replaced by the rule's model for ``dim`` inputs."""
-    resolved = [choose_model(dim) if model == "auto" else model for model in models]
+def _final_observations(args: argparse.Namespace) -> int:
+    """The observations a run of ``args`` ends with: the initial design, then ``q`` per step
+    (the longest run, where ``--max-steps`` caps some models)."""
+    return args.num_init + args.steps * args.q
+
+
+def _resolve_models(models: list[str], dim: int, num_observations: int) -> list[str]:
+    """``--models`` with ``auto`` replaced by the rule's model for ``dim`` inputs and a run
+    that reaches ``num_observations``."""
+    auto = choose_model(dim, num_observations)
+    resolved = [auto if model == "auto" else model for model in models]
     return list(dict.fromkeys(resolved))  # auto may repeat a model also named
 
 
@@ -309,7 +323,7 @@ def _bo(args: argparse.Namespace) -> None:
     with _executor(args) as executor:
         results = run_bo_experiment(
             args.function,
-            models=_resolve_models(args.models, args.dim),
+            models=_resolve_models(args.models, args.dim, _final_observations(args)),
             acquisition=args.acquisition,
             steps=args.steps,
             max_steps=args.max_steps,
@@ -358,7 +372,7 @@ def _active(args: argparse.Namespace) -> None:
             test_Y,
             pool_Yvar,
             name=f"active_{args.dataset}",
-            models=_resolve_models(args.models, pool_X.shape[-1]),
+            models=_resolve_models(args.models, pool_X.shape[-1], _final_observations(args)),
             acquisitions=args.acquisitions,
             steps=args.steps,
             max_steps=args.max_steps,

@@ -10,6 +10,7 @@ from botorch.models import SingleTaskGP
 from streamgp.inducing.kmeans import KMeansSelector
 from streamgp.loops.surrogates import Surrogate
 from streamgp.models.registry import (
+    AUTO_DATA_SPACE_MAX_OBSERVATIONS,
     CAPABILITIES,
     ModelSpec,
     choose_model,
@@ -112,8 +113,15 @@ def test_specs_are_validated_and_names_are_unique():
 
 def test_choose_model_follows_the_documented_rule():
     assert [choose_model(d) for d in (1, 2, 3, 4, 20)] == ["wiski"] * 3 + ["wiski-additive"] * 2
+    # Above 3-D a run of known, short length gets WISKI in data space (an exact GP's
+    # answers); a longer or open-ended one the constant-time additive model.
+    limit = AUTO_DATA_SPACE_MAX_OBSERVATIONS
+    assert [choose_model(d, limit) for d in (3, 4, 20)] == ["wiski"] * 3
+    assert [choose_model(d, limit + 1) for d in (3, 4, 20)] == ["wiski"] + ["wiski-additive"] * 2
     with pytest.raises(ValueError, match="dim"):
         choose_model(0)
+    with pytest.raises(ValueError, match="num_observations"):
+        choose_model(6, 0)
 
 
 # ------------------------------------------------ softki: points that follow the search

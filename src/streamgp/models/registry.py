@@ -76,6 +76,7 @@ from streamgp.models.wiski import DEFAULT_CUDA_GRID_POINTS, DEFAULT_GRID_POINTS,
 from streamgp.utils.validation import check_count, check_positive_number
 
 __all__ = [
+    "AUTO_DATA_SPACE_MAX_OBSERVATIONS",
     "CAPABILITIES",
     "MAX_PRODUCT_GRID_DIM",
     "ModelSpec",
@@ -405,22 +406,47 @@ def registered_models(capability: str | None = None, *, loop: str | None = None)
 
 
 #: The largest input dimension :func:`choose_model` serves with WISKI's product grid,
-#: where it costs no more than ``SingleTaskGP`` per step at any n; above it, the
-#: additive WISKI (a product grid would put ``4^d`` weights on every input).
+#: where it costs no more than ``SingleTaskGP`` per step at any n; above it, a product
+#: grid would put ``4^d`` weights on every input.
 MAX_PRODUCT_GRID_DIM = 3
+#: Above ``MAX_PRODUCT_GRID_DIM``, the most observations a run may reach for which
+#: :func:`choose_model` still picks ``WiskiGP`` in data space (an exact GP in answers and
+#: cost, level with ``SingleTaskGP`` on non-additive objectives where the additive model
+#: stalls); longer runs get the additive WISKI, whose refits cost the same at every n.
+#: Measured (``benchmarks/data_space_scaling.py``, one CPU core): at n = 1,000 a data-space
+#: marginal-likelihood value + gradient takes 0.13-0.25 s at d = 6-20, as ``SingleTaskGP``'s
+#: 0.25-0.27 s, so a refit of about 100 L-BFGS-B evaluations takes under half a minute; at
+#: n = 2,000 it takes 0.7-2.1 s and at 4,000 6-15 s (5.6 GB at d = 20), where the additive
+#: model's takes 0.01-0.04 s at any n.
+AUTO_DATA_SPACE_MAX_OBSERVATIONS = 1000
 
 
-def choose_model(dim: int) -> str:
+def choose_model(dim: int, num_observations: int | None = None) -> str:
     r"""The streaming model for ``dim``-dimensional inputs (``--models auto``).
 
-    ``"wiski"`` for ``dim <= MAX_PRODUCT_GRID_DIM``, ``"wiski-additive"`` above.
+    ``"wiski"`` for ``dim <= MAX_PRODUCT_GRID_DIM`` (constant-time updates on a product
+    grid). Above, ``"wiski"`` again (in data space, with an exact GP's answers and cost)
+    when the run will hold at most ``AUTO_DATA_SPACE_MAX_OBSERVATIONS`` observations, and
+    ``"wiski-additive"`` (constant-time updates, an additive kernel) for longer runs or
+    when ``num_observations`` is not known.
+
+    Args:
+        dim: The input dimension.
+        num_observations: The most observations the run will hold (e.g. the initial
+            design plus steps times the batch size), or None for an open-ended stream.
 
     Example:
-        >>> choose_model(3), choose_model(6)
-        ('wiski', 'wiski-additive')
+        >>> choose_model(3), choose_model(6, num_observations=320), choose_model(6)
+        ('wiski', 'wiski', 'wiski-additive')
     """
     check_count(dim, "dim", minimum=1)
-    return "wiski" if dim <= MAX_PRODUCT_GRID_DIM else "wiski-additive"
+    if num_observations is not None:
+        check_count(num_observations, "num_observations", minimum=1)
+    if dim <= MAX_PRODUCT_GRID_DIM:
+        return "wiski"
+    short = num_observations is not None
+    short = short and num_observations <= AUTO_DATA_SPACE_MAX_OBSERVATIONS
+    return "wiski" if short else "wiski-additive"
 
 
 # ----------------------------------------------------------------- built-in entries

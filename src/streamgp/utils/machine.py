@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -48,6 +49,17 @@ def machine_info(device: str | torch.device = "cpu", **extra: Any) -> dict[str, 
         info["gpu"] = torch.cuda.get_device_name(device)
     info.update(extra)
     return info
+
+
+def device_label(info: dict[str, Any]) -> str:
+    r"""A file-name-safe name of the device a :func:`machine_info` describes: the GPU model
+    on CUDA (``"nvidia-h200"``), else the device (``"cpu"``). GPU results files carry it.
+
+    Example:
+        >>> device_label({"device": "cuda:0", "gpu": "NVIDIA H200"})
+        'nvidia-h200'
+    """
+    return re.sub(r"[^a-z0-9]+", "-", info.get("gpu", info["device"]).lower()).strip("-")
 
 
 def synchronize() -> None:
