@@ -40,7 +40,7 @@ def test_tiny_bo_run_writes_csv_and_summary(tmp_path, capsys):
     assert "best_value" in capsys.readouterr().out
 
 
-def test_models_auto_follows_the_dimension_and_the_runs_length(tmp_path):
+def test_models_auto_follows_the_dimension_and_the_runs_length(tmp_path, capsys):
     # 6-D, 6 + 2 x 3 = 12 observations: a short run, so WISKI in data space.
     argv = "bo --function ackley --dim 6 --models auto,exact --steps 2 --num-init 6"
     argv += " --num-restarts 2 --raw-samples 16 --maxiter 5 --fit-max-iter 5"
@@ -48,6 +48,7 @@ def test_models_auto_follows_the_dimension_and_the_runs_length(tmp_path):
     main([*argv.split(), str(tmp_path)])
     results = pd.read_csv(tmp_path / "bo_ackley_qucb.csv")
     assert set(results["model"]) == {"wiski", "exact"} and results["step"].max() == 2
+    assert "--models auto: wiski (6-D inputs, at most 12 observations)" in capsys.readouterr().out
     from streamgp.cli import _final_observations, _resolve_models, build_parser
     from streamgp.models.registry import AUTO_DATA_SPACE_MAX_OBSERVATIONS as LIMIT
 
