@@ -159,7 +159,14 @@ def markdown(summary: pd.DataFrame, report_steps: list[int]) -> str:
             cells.append("" if k == 0 else f"{mean:.4g}{spread} ({k})")
         lines.append(f"| {row['function']} | {row['model']} | " + " | ".join(cells) + " |")
     bins = [_bin_label(low, high) for low, high in N_BINS]
-    lines += ["", "Seconds per step by observation count n (ratio to the exact GP's):", ""]
+    lines += [
+        "",
+        "Seconds per step by observation count n (ratio to the exact GP's). The runs ran hours",
+        "apart beside different jobs, so these times vary 2-4x between seeds of one model;",
+        "`bo_step_replay.py` times steps at n >= 600 from the runs' checkpoints with the models",
+        "alternated (`bo_step_replay.md`).",
+        "",
+    ]
     lines += [f"| function | model | {' | '.join(bins)} |", "|---|---|" + "---|" * len(bins)]
     for spec, frame in summary.groupby("function", sort=False):
         exact = frame[frame["model"] == "exact"]
