@@ -14,7 +14,8 @@ over the repeats of the mean time per step, its fit and acquisition parts, and t
 the exact GP's).
 
 Usage: ``python benchmarks/bo_step_replay.py [--functions levy10] [--seeds 0 1]
-[--models exact wiski wiski-additive]``
+[--models exact wiski wiski-additive] [--add]`` (``--add`` keeps the results file's rows of
+the functions and seeds not replayed now, e.g. to add seeds finished since).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from bo_high_dim import MODEL_OPTIONS, finished, parse_function, run_directory
+from bo_high_dim import FUNCTIONS, MODEL_OPTIONS, finished, parse_function, run_directory
 
 from streamgp.loops import BayesOptLoop, make_test_function
 from streamgp.utils.machine import machine_info
@@ -95,17 +96,18 @@ def markdown(table: pd.DataFrame) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--functions",
-        nargs="+",
-        default=["hartmann6", "ackley10", "levy10", "rosenbrock10", "styblinskitang20"],
-    )
+    parser.add_argument("--functions", nargs="+", default=list(FUNCTIONS))
     parser.add_argument("--models", nargs="+", default=["exact", "wiski", "wiski-additive"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=FIT_EVERY)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--table", type=Path, default=HERE / "results" / "bo_high_dim")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "bo_high_dim")
+    parser.add_argument(
+        "--add",
+        action="store_true",
+        help="keep the results file's other (function, seed) rows, e.g. for seeds finished since",
+    )
     args = parser.parse_args()
     if "exact" not in args.models:
         raise ValueError("--models must include 'exact', the reference of the ratios.")
@@ -126,6 +128,14 @@ def main() -> None:
                     rows.append({"function": spec, "seed": seed, "model": model,
                                  "repeat": repeat, **result})  # fmt: skip
                     print(rows[-1], flush=True)
+    results = args.out / "bo_step_replay.json"
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    invocations = [{"settings": settings, "machine": machine_info()}]
+    if args.add and results.exists():  # the earlier rows of what was not measured now
+        earlier = json.loads(results.read_text())
+        measured = {(row["function"], row["seed"]) for row in rows}
+        rows = [r for r in earlier["runs"] if (r["function"], r["seed"]) not in measured] + rows
+        invocations = earlier["invocations"] + invocations
     runs = pd.DataFrame(rows)
     best = runs.loc[runs.groupby(["function", "seed", "model"])["s_per_step"].idxmin()]
     exact = best[best.model == "exact"].set_index(["function", "seed"])["s_per_step"]
@@ -134,7 +144,7 @@ def main() -> None:
             row.s_per_step / exact[(row.function, row.seed)] for row in best.itertuples()
         ]
     ).drop(columns="repeat")
-    order = {spec: i for i, spec in enumerate(args.functions)}
+    order = {spec: i for i, spec in enumerate(FUNCTIONS)}
     best = best.sort_values(
         ["function", "seed", "model"], key=lambda c: c.map(order) if c.name == "function" else c
     )
@@ -145,10 +155,7 @@ def main() -> None:
         f"{args.repeats} repeats of {args.steps} steps, models alternated; ratio to the "
         "exact GP's):\n\n" + markdown(best)
     )
-    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    (args.out / "bo_step_replay.json").write_text(
-        json.dumps({"settings": settings, "machine": machine_info(), "runs": rows}, indent=1)
-    )
+    results.write_text(json.dumps({"invocations": invocations, "runs": rows}, indent=1))
     print(markdown(best))
 
 
