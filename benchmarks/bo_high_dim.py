@@ -53,6 +53,13 @@ MODELS = ("exact", "wiski", "wiski-additive", "softki", "osvgp")
 MODEL_OPTIONS = {"softki": {"moving_points": True}}
 #: Observation-count bins of the time-per-step table (the target: cheaper from n = 500).
 N_BINS = ((0, 200), (200, 500), (500, None))
+#: The table's loop settings (``--steps`` and ``--fit-every`` default to STEPS, FIT_EVERY).
+ACQUISITION, Q, STEPS, FIT_EVERY = "qlogei", 3, 200, 5
+
+
+def num_init(dim: int) -> int:
+    r"""The initial design's size: ``2 d`` points."""
+    return 2 * dim
 
 
 def parse_function(spec: str) -> tuple[str, int]:
@@ -69,13 +76,13 @@ def run_one(spec: str, model: str, trial: int, args: argparse.Namespace) -> None
     run_bo_experiment(
         function,
         models=[model],
-        acquisition="qlogei",
+        acquisition=ACQUISITION,
         steps=args.steps,
         trials=1,
         first_trial=trial,
         dim=dim,
-        q=3,
-        num_init=2 * dim,
+        q=Q,
+        num_init=num_init(dim),
         fit_every=args.fit_every,
         model_options={model: MODEL_OPTIONS[model]} if model in MODEL_OPTIONS else None,
         out=run_directory(args.out, spec, model, trial),
@@ -197,7 +204,7 @@ def write_summary(args: argparse.Namespace) -> None:
         for key, value in vars(args).items()
         if key not in ("out", "resume", "summarize_only")
     }
-    settings.update(acquisition="qlogei", q=3, num_init="2 d", model_options=MODEL_OPTIONS)
+    settings.update(acquisition=ACQUISITION, q=Q, num_init="2 d", model_options=MODEL_OPTIONS)
     (args.out / "bo_high_dim.json").write_text(
         json.dumps({"settings": settings, "machine": machine_info()}, indent=2, default=str)
     )
@@ -207,10 +214,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--functions", default=",".join(FUNCTIONS))
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--first-trial", type=int, default=0)
-    parser.add_argument("--fit-every", type=int, default=5)
+    parser.add_argument("--fit-every", type=int, default=FIT_EVERY)
     parser.add_argument("--report-steps", default="50,100,200")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
     parser.add_argument("--processes", type=int, default=1, help="runs at a time")

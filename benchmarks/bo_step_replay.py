@@ -30,19 +30,28 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from bo_high_dim import FUNCTIONS, MODEL_OPTIONS, finished, parse_function, run_directory
+from bo_high_dim import (
+    ACQUISITION,
+    FIT_EVERY,
+    FUNCTIONS,
+    MODEL_OPTIONS,
+    STEPS,
+    Q,
+    finished,
+    num_init,
+    parse_function,
+    run_directory,
+)
 
 from streamgp.loops import BayesOptLoop, make_test_function
 from streamgp.utils.machine import machine_info
 
 HERE = Path(__file__).parent
-FIT_EVERY = 5  # the table's --fit-every
-TABLE_STEPS = 200  # the table's --steps: a replay starts from a finished run
 
 
 def checkpoint_of(table: Path, spec: str, model: str, seed: int) -> Path | None:
     r"""The finished run's checkpoint (None while the run is missing or still running)."""
-    if not finished(table, spec, model, seed, TABLE_STEPS):
+    if not finished(table, spec, model, seed, STEPS):
         return None
     paths = sorted((run_directory(table, spec, model, seed) / "checkpoints").glob("*.pt"))
     return paths[0] if paths else None
@@ -54,9 +63,9 @@ def replay(spec: str, model: str, seed: int, checkpoint: Path, steps: int) -> di
     loop = BayesOptLoop(
         make_test_function(function, dim=dim),
         model=model,
-        acquisition="qlogei",
-        q=3,
-        num_init=2 * dim,
+        acquisition=ACQUISITION,
+        q=Q,
+        num_init=num_init(dim),
         fit_every=FIT_EVERY,
         model_options=MODEL_OPTIONS.get(model),
         seed=seed,

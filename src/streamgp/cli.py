@@ -215,9 +215,10 @@ def _final_observations(args: argparse.Namespace) -> int:
 def _resolve_models(models: list[str], dim: int, num_observations: int) -> list[str]:
     """``--models`` with ``auto`` replaced by the rule's model for ``dim`` inputs and a run
     that reaches ``num_observations``."""
+    if "auto" not in models:
+        return list(dict.fromkeys(models))
     auto = choose_model(dim, num_observations)
-    if "auto" in models:
-        print(f"--models auto: {auto} ({dim}-D inputs, at most {num_observations} observations)")
+    print(f"--models auto: {auto} ({dim}-D inputs, at most {num_observations} observations)")
     resolved = [auto if model == "auto" else model for model in models]
     return list(dict.fromkeys(resolved))  # auto may repeat a model also named
 

@@ -22,7 +22,7 @@ def test_a_replay_continues_the_run_and_leaves_its_checkpoint_alone(tmp_path, mo
     run_bo_experiment(
         "hartmann",
         models=["exact"],
-        acquisition="qlogei",
+        acquisition=bo_step_replay.ACQUISITION,
         steps=2,
         dim=6,
         q=3,
@@ -34,7 +34,7 @@ def test_a_replay_continues_the_run_and_leaves_its_checkpoint_alone(tmp_path, mo
         progress=False,
         plots=False,
     )
-    # Unfinished runs are not replayed (the table's runs reach TABLE_STEPS).
+    # Unfinished runs are not replayed (the table's runs reach STEPS).
     assert bo_step_replay.checkpoint_of(tmp_path, "hartmann6", "exact", 0) is None
     (checkpoint,) = (run_directory(tmp_path, "hartmann6", "exact", 0) / "checkpoints").glob("*.pt")
     before = checkpoint.read_bytes()

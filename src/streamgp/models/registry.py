@@ -444,9 +444,9 @@ def choose_model(dim: int, num_observations: int | None = None) -> str:
         check_count(num_observations, "num_observations", minimum=1)
     if dim <= MAX_PRODUCT_GRID_DIM:
         return "wiski"
-    short = num_observations is not None
-    short = short and num_observations <= AUTO_DATA_SPACE_MAX_OBSERVATIONS
-    return "wiski" if short else "wiski-additive"
+    if num_observations is not None and num_observations <= AUTO_DATA_SPACE_MAX_OBSERVATIONS:
+        return "wiski"
+    return "wiski-additive"
 
 
 # ----------------------------------------------------------------- built-in entries
