@@ -1,11 +1,12 @@
-"""WiskiGP in d >= 4: exact SKI in data space for good, its rows kept factored per axis.
+"""WiskiGP in d >= 4: data space for good, the kernel evaluated exactly.
 
 A product grid puts ``4^d`` cubic weights on every input, so ``WiskiGP`` never folds
 rows into grid statistics there (its default grid has more than ``MAX_DENSE_GRID``
-points) and never forms the ``4^d`` flat weights: the kernel between rows is the
-product of per-axis SKI kernels. Checked against the dense SKI oracle (which does form
-them), against an exact GP, and through BoTorch's entry points with the flat rows
-forbidden.
+points), and in data space it evaluates its kernel exactly
+(``evaluates_kernel_exactly``): it is an exact GP, checked against ``SingleTaskGP`` with
+the same hyperparameters and against the dense oracle. With an explicit
+``data_space_limit`` it keeps exact SKI instead, its rows factored per axis and never
+formed flat: checked against the dense SKI oracle (which does form them).
 """
 
 from __future__ import annotations
@@ -60,12 +61,15 @@ def make_data(n: int, d: int, fixed_noise: bool = False, seed: int = 0):
     return X, Y, Yvar if fixed_noise else None
 
 
-def small_model(X, Y, Yvar=None) -> FactoredWiskiGP:
+def small_model(X, Y, Yvar=None, exact: bool = True) -> FactoredWiskiGP:
     d = X.shape[-1]
+    # An explicit data_space_limit keeps SKI (its rows factored per axis).
+    limit = {} if exact else {"data_space_limit": 10**6}
     model = FactoredWiskiGP(
         X, Y, Yvar, grid_size=6, covar_module=ScaleKernel(RBFKernel(ard_num_dims=d)),
-        **without_defaults(),
+        **limit, **without_defaults(),
     )  # fmt: skip
+    assert model.evaluates_kernel_exactly == exact
     # ARD lengthscales that differ per dimension catch axis-order mistakes.
     model.covar_module.base_kernel.lengthscale = torch.tensor([0.3, 0.5, 0.7, 0.9], dtype=DTYPE)
     model.covar_module.outputscale = 1.3
@@ -74,11 +78,13 @@ def small_model(X, Y, Yvar=None) -> FactoredWiskiGP:
     return model
 
 
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "ski"])
 @pytest.mark.parametrize("fixed_noise", [False, True])
-def test_posterior_and_mll_match_dense_ski_without_flat_rows(fixed_noise):
+def test_posterior_and_mll_match_the_dense_oracle_without_flat_rows(fixed_noise, exact):
     X, Y, Yvar = make_data(25, 4, fixed_noise)
-    model = small_model(X, Y, Yvar)
-    assert model.structured and model.data_space_limit == UNLIMITED_DATA_SPACE
+    model = small_model(X, Y, Yvar, exact)
+    limit = UNLIMITED_DATA_SPACE if exact else 10**6
+    assert model.structured and model.data_space_limit == limit
     noise = None if Yvar is None else Yvar.squeeze(-1)
     oracle = DenseSKIModel(model, X, Y.squeeze(-1), noise, exact_prior_variance=True)
     Xs = torch.rand(2, 5, 4, dtype=DTYPE)
@@ -100,10 +106,11 @@ def test_posterior_and_mll_match_dense_ski_without_flat_rows(fixed_noise):
 
 
 @pytest.mark.usefixtures("ski_prior_variance")
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "ski"])
 @pytest.mark.parametrize("fixed_noise", [False, True])
-def test_observe_and_fantasies_match_dense_ski_without_flat_rows(fixed_noise):
+def test_observe_and_fantasies_match_the_dense_oracle_without_flat_rows(fixed_noise, exact):
     X, Y, Yvar = make_data(30, 4, fixed_noise)
-    model = small_model(X[:20], Y[:20], None if Yvar is None else Yvar[:20])
+    model = small_model(X[:20], Y[:20], None if Yvar is None else Yvar[:20], exact)
     with factored_only():
         for start in (20, 25):
             part = slice(start, start + 5)
@@ -126,12 +133,12 @@ def test_observe_and_fantasies_match_dense_ski_without_flat_rows(fixed_noise):
         assert rel_err(pm.covariance_matrix, po.covariance_matrix) < 1e-8
 
 
-def test_six_dimensions_by_default_stays_in_data_space_and_matches_exact_gp():
+def test_six_dimensions_by_default_is_the_exact_gp():
     X, Y, _ = make_data(60, 6)
     with pytest.warns(HighDimensionalGridWarning, match="AdditiveWiskiGP"):
         model = WiskiGP(X[:40], Y[:40], **without_defaults())
     assert model.interpolation.grid_size == [35] * 6  # 32 per unit of the unit cube
-    assert model.structured and model.in_data_space
+    assert model.structured and model.in_data_space and model.evaluates_kernel_exactly
     exact = SingleTaskGP(X, Y, outcome_transform=None)
     for m in (model, exact):
         m.covar_module.lengthscale = torch.tensor([0.3, 0.4, 0.5, 0.6, 0.7, 0.8], dtype=DTYPE)
@@ -141,10 +148,8 @@ def test_six_dimensions_by_default_stays_in_data_space_and_matches_exact_gp():
         Xs = torch.rand(50, 6, dtype=DTYPE)
         pw = model.posterior(Xs)
         pe = exact.posterior(Xs)
-        # The per-axis SKI kernels on a fine grid are the exact kernel to about 1e-4, and
-        # the prior variance is exact.
-        assert (pw.mean - pe.mean).abs().max() < 1e-3
-        assert (pw.variance - pe.variance).abs().max() < 1e-3
+        assert (pw.mean - pe.mean).abs().max() < 1e-10
+        assert (pw.variance - pe.variance).abs().max() < 1e-10
         # The same check with the lengthscales swapped is far off, so it has teeth.
         model.covar_module.lengthscale = torch.tensor([0.8, 0.7, 0.6, 0.5, 0.4, 0.3])
         assert (model.posterior(Xs).mean - pe.mean).abs().max() > 0.05
@@ -170,6 +175,7 @@ def test_botorch_loop_step_in_ten_dimensions_never_forms_flat_rows():
         assert torch.isfinite(fantasy.posterior(Xs).variance).all()
         state = model.checkpoint()
         assert not any(key.endswith("statistics.indices") for key in state["state_dict"])
+        assert "statistics.inputs" in state["state_dict"]  # (the kernel is exact)
         restored = WiskiGP(X, Y, Yvar, input_transform=Normalize(d=10), grid_size=[5] * 10)
         restored.restore(state)
         Xt = 3 * torch.rand(5, 10, dtype=DTYPE) - 1

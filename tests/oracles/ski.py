@@ -3,7 +3,9 @@ r"""Dense float64 oracles shared by the tests.
 ``DenseSKIModel`` is a deliberately naive BoTorch model: it stores every
 observation and evaluates the SKI posterior ``K_XX ~ W K_UU W^T`` with dense
 solves, with ``K_UU`` evaluated by the kernel on all grid points (no jitter,
-no Kronecker structure, no Woodbury identity). Conditioning appends data, with
+no Kronecker structure, no Woodbury identity). For a model that evaluates its kernel
+exactly (``WiskiGP`` from 4-D on with the default grid) it uses the kernel itself,
+through gpytorch's kernel call: a dense exact GP. Conditioning appends data, with
 batch dimensions, so it is also the oracle for BoTorch fantasies.
 
 With ``exact_prior_variance=True`` it is the oracle of the models' default predictions
@@ -77,25 +79,28 @@ class DenseSKIModel(DenseOracle):
     def _W(self, X: Tensor) -> Tensor:
         return self.wiski.interpolation.weights(X).to_dense()
 
+    def _block(self, A: Tensor, B: Tensor) -> Tensor:
+        r"""The model's kernel between ``A`` and ``B``: ``W_A K_UU W_B^T``, or the kernel
+        itself for a model that evaluates it exactly (``evaluates_kernel_exactly``)."""
+        if getattr(self.wiski, "evaluates_kernel_exactly", False):
+            return self.kernel(A, B).to_dense()
+        return self._W(A) @ self._K() @ self._W(B).mT
+
     def latent(self, Xs: Tensor) -> tuple[Tensor, Tensor]:
-        K = self._K()
-        W, Ws = self._W(self.X), self._W(Xs)
-        Kxx = W @ K @ W.mT + torch.diag_embed(self._noise())
-        Ksx = Ws @ K @ W.mT
+        Kxx = self._block(self.X, self.X) + torch.diag_embed(self._noise())
+        Ksx = self._block(Xs, self.X)
         L = torch.linalg.cholesky(Kxx)
         a = torch.cholesky_solve((self.y - self.mean).unsqueeze(-1), L)
         mean = self.mean + (Ksx @ a).squeeze(-1)
         B = torch.linalg.solve_triangular(L, Ksx.mT, upper=False)
-        prior = Ws @ K @ Ws.mT
+        prior = self._block(Xs, Xs)
         covar = prior - B.mT @ B
         if self.exact_prior_variance:
             covar = covar + prior_variance_gap(self.kernel, Xs, prior)
         return mean, covar
 
     def log_marginal_likelihood(self) -> Tensor:
-        K = self._K()
-        W = self._W(self.X)
-        Kxx = W @ K @ W.mT + torch.diag_embed(self._noise())
+        Kxx = self._block(self.X, self.X) + torch.diag_embed(self._noise())
         L = torch.linalg.cholesky(Kxx)
         r = (self.y - self.mean).unsqueeze(-1)
         z = torch.linalg.solve_triangular(L, r, upper=False).squeeze(-1)

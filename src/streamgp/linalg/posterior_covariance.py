@@ -28,6 +28,7 @@ from linear_operator.utils.generic import _to_helper
 from torch import Tensor
 
 from streamgp import settings
+from streamgp.linalg.exact_kernel import ExactKernelFeatures
 from streamgp.linalg.grid_kernel import KernelFeatures
 
 #: See :data:`streamgp.settings.MAX_CACHE_ENTRIES` (overridable here).
@@ -239,6 +240,8 @@ def _tensors(factor: Tensor | InterpolatedRoot | KernelFeatures) -> tuple[Tensor
         return (factor.root, factor.weights.values)
     if isinstance(factor, KernelFeatures):
         return (factor.stack,)
+    if isinstance(factor, ExactKernelFeatures):
+        return factor.tensors()
     return (factor,)
 
 
@@ -391,7 +394,7 @@ class PosteriorCovariance(DenseLinearOperator):
     # BoTorch's ModelListGP moves a mixed multitask covariance with ``to``).
     def _rebuild(self, fn: Callable[[Tensor], Tensor]) -> PosteriorCovariance:
         def factor(a: Tensor | InterpolatedRoot | KernelFeatures) -> Tensor | KernelFeatures:
-            if isinstance(a, KernelFeatures):
+            if isinstance(a, KernelFeatures | ExactKernelFeatures):
                 return a.apply(fn)
             return fn(a.tensor if isinstance(a, InterpolatedRoot) else a)
 

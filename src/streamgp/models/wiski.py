@@ -26,11 +26,14 @@ Posteriors, the likelihood and its gradients are the same on both sides.
 
 Four or more dimensions: cubic interpolation on a product grid puts ``4^d`` weights on
 every input (4,096 in 6-D), so grid statistics are out of reach. With its default grid
-a ``WiskiGP`` on ``d >= 4`` inputs therefore stays in data space for good: exact SKI
-with a product kernel factored per axis (``k_SKI(x, x') = prod_i k_i(x_i, x'_i)``, each
-``k_i`` interpolated on a fine 1-D grid, so it is the exact kernel to interpolation
-accuracy and its prior variance is exact), whose costs are an exact GP's (``O(n^2 q)``
-per update, ``O(n^3)`` per fit), not constant in ``n``; it warns once
+a ``WiskiGP`` on ``d >= 4`` inputs therefore stays in data space for good, and there
+it evaluates its kernel exactly (:mod:`streamgp.interpolation.exact`,
+:attr:`WiskiGP.evaluates_kernel_exactly`): interpolating it would buy nothing, as every
+block is ``n x n`` either way, and in ``d`` dimensions the SKI kernel's ``d`` per-axis
+blocks cost more than the kernel's one. It is then an exact GP with the same data-space
+algebra (``O(n^2 q)`` per update, ``O(n^3)`` per fit, not constant in ``n``), equal to
+``SingleTaskGP`` with the same hyperparameters; observations never re-grid and
+predictions are never clamped onto the box. It warns once
 (:class:`HighDimensionalGridWarning`). This makes ``WiskiGP`` a safe drop-in for
 ``SingleTaskGP`` in BoTorch's 4-20-D code; :class:`~streamgp.models.AdditiveWiskiGP`
 is the model whose updates stay constant in ``n`` there.
@@ -141,12 +144,14 @@ from gpytorch.settings import fast_pred_samples, fast_pred_var
 from torch import Tensor
 
 from streamgp import settings
+from streamgp.interpolation.exact import ExactKernelInputs
 from streamgp.interpolation.grid import (
     EXTRAPOLATION_POLICIES,
     CubicGridInterpolation,
     InterpolationWeights,
 )
 from streamgp.linalg.data_space import DataCorrection, DataPosterior
+from streamgp.linalg.exact_kernel import ExactKernelRoot
 from streamgp.linalg.grid_kernel import GridKernelRoot, grid_kernel_root, is_separable
 from streamgp.linalg.love import DEFAULT_TOLERANCE, compress_root
 from streamgp.linalg.prior_variance import PriorVarianceCorrection
@@ -168,7 +173,11 @@ from streamgp.models._wiski import (
     ValueChecksMixin,
 )
 from streamgp.models._wiski.checks import check_batched_options
-from streamgp.models._wiski.state import _DATA_KEY_PREFIXES, _GRID_FIELDS  # noqa: F401 (as before)
+from streamgp.models._wiski.state import (  # noqa: F401 (the first two as before)
+    _DATA_KEY_PREFIXES,
+    _GRID_FIELDS,
+    rebuild_rows_after_load,
+)
 from streamgp.models.base import StreamingModelMixin
 from streamgp.models.utils import (
     CachedPosteriorMixin,
@@ -546,6 +555,7 @@ class WiskiGP(
             )
         check_choice(extrapolation, "extrapolation", EXTRAPOLATION_POLICIES)
         super().__init__()
+        self.register_load_state_dict_post_hook(rebuild_rows_after_load)
         self._data_batch_shape = member_batch
         self._output_members = output_members
         self.extrapolation = extrapolation
@@ -598,10 +608,10 @@ class WiskiGP(
             if dim >= CubicGridInterpolation.FACTORED_FROM_DIM and grid_size is None:
                 warnings.warn(
                     f"WiskiGP on {dim}-D inputs: cubic interpolation on a product grid "
-                    f"puts 4^{dim} = {4**dim} weights on every input, so the model keeps "
-                    "exact SKI in data space (n x n matrices, the kernel factored per "
-                    "axis): its updates cost O(n^2 q) and its fits O(n^3), as an exact "
-                    "GP's, not constant in n. For updates constant in n use "
+                    f"puts 4^{dim} = {4**dim} weights on every input, so the model stays "
+                    "in data space and evaluates its kernel exactly (an exact GP, n x n "
+                    "matrices): its updates cost O(n^2 q) and its fits O(n^3), as "
+                    "SingleTaskGP's, not constant in n. For updates constant in n use "
                     "AdditiveWiskiGP (an additive kernel over groups of at most 3 "
                     "dimensions); pass grid_size to choose a grid yourself.",
                     HighDimensionalGridWarning,
@@ -623,8 +633,10 @@ class WiskiGP(
             if data_space_limit is None:
                 data_space_limit = min(self.interpolation.num_grid, self.MAX_DENSE_GRID)
                 if self.structured and dim >= CubicGridInterpolation.FACTORED_FROM_DIM:
-                    # Grid statistics would hold (4^d)^2 products per row: stay in data space.
+                    # Grid statistics would hold (4^d)^2 products per row: stay in data
+                    # space, where the kernel itself is exact and cheaper than SKI's.
                     data_space_limit = UNLIMITED_DATA_SPACE
+                    self.interpolation = ExactKernelInputs(self.interpolation)
         else:  # with a dense root: grid sums, or rows while n is small (FACTORY_DATA_SPACE)
             self.interpolation = interpolation(transformed_X, y_all, noise_all)
             self.structured = False
@@ -681,13 +693,29 @@ class WiskiGP(
         )
 
     # ---------------------------------------------------- the posterior's life cycle
-    def kernel_root(self) -> GridKernelRoot:
-        r"""Root ``L_K`` of ``K_UU`` at the current hyperparameters (differentiable)."""
+    def kernel_root(self) -> GridKernelRoot | ExactKernelRoot:
+        r"""Root ``L_K`` of ``K_UU`` at the current hyperparameters (differentiable); the
+        kernel itself (:class:`~streamgp.linalg.exact_kernel.ExactKernelRoot`) for a model
+        that evaluates it exactly (:attr:`evaluates_kernel_exactly`)."""
+        if self.evaluates_kernel_exactly:
+            return ExactKernelRoot.of(self.covar_module, self.interpolation.num_grid)
         # A cubic-interpolation grid is evenly spaced on every axis.
         evenly_spaced = isinstance(self.interpolation, CubicGridInterpolation)
         return grid_kernel_root(
             self.covar_module, self.interpolation.grid, evenly_spaced=evenly_spaced
         )
+
+    @property
+    def evaluates_kernel_exactly(self) -> bool:
+        r"""Whether the model evaluates its kernel exactly instead of interpolating it.
+
+        True for the default grid from 4-D on (a Kronecker-factored grid that grid
+        space cannot hold): the model stays in data space for good, where the exact
+        kernel is both cheaper than SKI's and free of interpolation error, so it is an
+        exact GP with ``O(n^2 q)`` updates (see
+        :mod:`streamgp.interpolation.exact`). Its grid is kept for reports only.
+        """
+        return isinstance(self.interpolation, ExactKernelInputs)
 
     def _caches_valid(self) -> bool:
         return self._posterior is not None and self._hyperparameters_unchanged()
@@ -749,6 +777,11 @@ class WiskiGP(
         posterior = self.exact_posterior()
         if isinstance(posterior, GridPosterior):
             return posterior
+        if self.evaluates_kernel_exactly:
+            raise RuntimeError(
+                "grid_posterior: this model evaluates its kernel exactly (from 4-D on with "
+                "the default grid), so it has no grid values; use posterior()."
+            )
         with torch.no_grad():
             grid = self._centered(self._statistics.to_grid(sparse=self.structured))
             return grid.posterior(self.kernel_root(), self.noise_variance, tol=self.love_tolerance)

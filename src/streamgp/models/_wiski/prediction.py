@@ -103,8 +103,11 @@ class PredictionMixin:
         root = root if isinstance(root, Tensor) else root.tensor
         return (mean, root, *negative, *(() if diagonal is None else (diagonal,)))
 
-    def _new_prior_variance(self, root: GridKernelRoot) -> PriorVarianceCorrection:
-        r"""The prior variance correction of the kernel with its (detached) root."""
+    def _new_prior_variance(self, root: GridKernelRoot) -> PriorVarianceCorrection | None:
+        r"""The prior variance correction of the kernel with its (detached) root (None
+        for a kernel evaluated exactly: its variance needs none)."""
+        if self.evaluates_kernel_exactly:
+            return None
         return PriorVarianceCorrection(self.covar_module, root, self.interpolation.bounds[:1])
 
     def prior_variance_correction(self, X: Tensor, weights: Any) -> Tensor | None:
@@ -115,7 +118,9 @@ class PredictionMixin:
         constructor's ``exact_prior_variance`` or
         :class:`streamgp.settings.exact_prior_variance`).
         """
-        if not (self.exact_prior_variance and exact_prior_variance_setting.on()):
+        if self.evaluates_kernel_exactly or not (
+            self.exact_prior_variance and exact_prior_variance_setting.on()
+        ):
             return None
         if self._prior_variance is None:  # a posterior set without a rebuild (rare)
             with torch.no_grad(), immediate_value_checks():

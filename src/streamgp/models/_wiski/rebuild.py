@@ -20,6 +20,7 @@ from gpytorch.kernels import ScaleKernel
 from gpytorch.means import ConstantMean
 from torch import Tensor
 
+from streamgp.interpolation.exact import ExactKernelInputs
 from streamgp.interpolation.grid import CubicGridInterpolation
 from streamgp.models.utils import transaction
 from streamgp.models.utils.grids import build_grid
@@ -44,7 +45,10 @@ class RebuildMixin:
         transformed inputs ``X_t`` (of raw ``X``), with ``grid_size`` points per axis
         (default: the model's ``grid_size`` option)."""
         size = self._grid_size_option if grid_size is None else grid_size
-        return build_grid(X, X_t, bounds, size, self.covar_module, self.MAX_DENSE_GRID)
+        grid, structured = build_grid(X, X_t, bounds, size, self.covar_module, self.MAX_DENSE_GRID)
+        if self.evaluates_kernel_exactly:  # (its rows are the inputs, whatever the grid)
+            return ExactKernelInputs(grid), structured
+        return grid, structured
 
     def _regrid(
         self,

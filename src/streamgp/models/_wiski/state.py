@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from streamgp.interpolation.exact import InputRows
 from streamgp.interpolation.grid import CubicGridInterpolation, InterpolationWeights
 from streamgp.linalg.data_space import DataPosterior
 from streamgp.linalg.statistics import DataStatistics, GridStatistics
@@ -49,7 +50,9 @@ class CheckpointStateMixin:
             return {name: getattr(stats, name) for name in _GRID_FIELDS}
         weights = stats.weights
         tensors = {"y": stats.y}
-        if not weights.is_factored:  # factored rows are saved as their axes only
+        if isinstance(weights, InputRows):  # a kernel evaluated exactly: the inputs
+            tensors["inputs"] = weights.inputs
+        elif not weights.is_factored:  # factored rows are saved as their axes only
             tensors["indices"], tensors["values"] = weights.indices, weights.values
         for j, axis in enumerate(weights.axes):
             tensors[f"axis{j}_indices"], tensors[f"axis{j}_values"] = axis.indices, axis.values
@@ -86,6 +89,20 @@ class CheckpointStateMixin:
                 )
             return GridStatistics(gram=sums.pop("A"), **sums, fixed_noise=self.fixed_noise)
         interp = self.interpolation
+        if "inputs" in tensors and not self.evaluates_kernel_exactly:
+            raise ValueError(
+                "its rows are the inputs of a kernel evaluated exactly (a WiskiGP from 4-D "
+                "on with the default grid), this model interpolates its kernel (build it "
+                "with the same grid_size)."
+            )
+        if "inputs" in tensors:
+            inputs = get("inputs")
+            if inputs.shape[-1] != interp.dim:
+                raise ValueError(
+                    f"its inputs have {inputs.shape[-1]} dimensions, this model's {interp.dim}."
+                )
+            noise = get("noise") if self.fixed_noise else None
+            return DataStatistics(interp.weights(inputs), get("y"), noise)
         largest = [(tensors["indices"], m)] if "indices" in tensors else []
         largest += [
             (tensors[f"axis{j}_indices"], g)
@@ -176,6 +193,9 @@ class CheckpointStateMixin:
             for key, value in state.items()
             if key.startswith("posterior_")
         }
+        if not getattr(self, "_posterior_from_checkpoint", True):
+            self._posterior_from_checkpoint = True  # (for the next load)
+            return
         if "root" in saved:
             self._posterior = GridPosterior.from_state(saved, self.interpolation.num_grid)
         elif "chol" in saved:
@@ -233,12 +253,60 @@ class CheckpointStateMixin:
             if strict:
                 missing_keys.append(f"{key}*")
             return
+        self._rows_to_rebuild, self._posterior_from_checkpoint = None, True
         try:
             if grid["bounds"] is not None and grid["size"] is not None and self._grid_state():
                 self._load_grid(grid["bounds"], grid["size"])
+            if self.evaluates_kernel_exactly and "y" in tensors and "inputs" not in tensors:
+                # Written before a WiskiGP from 4-D on evaluated its kernel exactly: its
+                # rows are SKI weights of inputs the kept observations hold. The rows are
+                # made from those once they and the transforms are loaded (after this).
+                self._rows_to_rebuild = self._saved_targets(tensors)
+                return
             statistics = self._statistics_from_tensors(tensors)
         except (KeyError, ValueError) as error:
             error_msgs.append(f"WiskiGP statistics: {error}")
             return
         self._clear_caches()
         self._set_statistics(statistics)
+
+    def _saved_targets(self, tensors: dict[str, Tensor]) -> tuple[Tensor, Tensor | None]:
+        r"""A checkpoint's data-space targets and fixed noise, on this model's device."""
+        if ("noise" in tensors) != self.fixed_noise:
+            raise ValueError(
+                "its statistics' noise model (fixed or learned) differs from this model's."
+            )
+        like = self._statistics.y
+        y = tensors["y"].to(like)
+        return y, tensors["noise"].to(like) if self.fixed_noise else None
+
+    def _rebuild_rows_from_observations(self) -> None:
+        r"""The rows of a checkpoint written with SKI weights (see ``_load_from_state_dict``),
+        from the kept observations through the loaded transforms; its targets are kept.
+
+        Raises:
+            ValueError: Without kept observations, or if they are not the rows'.
+        """
+        pending, self._rows_to_rebuild = self._rows_to_rebuild, None
+        if pending is None:
+            return
+        y, noise = pending
+        store = self.observations
+        if store is None or store.X.shape[-2] != y.shape[-1]:
+            raise ValueError(
+                "WiskiGP statistics: its rows are SKI interpolation weights (written before "
+                "a WiskiGP from 4-D on evaluated its kernel exactly) and it keeps "
+                + ("no observations" if store is None else f"{store.X.shape[-2]} observations")
+                + f" for its {y.shape[-1]} rows; rebuild the model from its data."
+            )
+        with torch.no_grad():
+            X_t = self._transform_new_data(store.X, store.Y, store.Yvar)[0]
+        self._clear_caches()
+        self._set_statistics(DataStatistics(self.interpolation.weights(X_t), y, noise))
+        self._posterior_from_checkpoint = False  # (its factors are SKI's: refactorise)
+
+
+def rebuild_rows_after_load(module: CheckpointStateMixin, incompatible_keys: Any) -> None:
+    r"""``load_state_dict`` post-hook (module-level, so that copies of a model call their
+    own): :meth:`CheckpointStateMixin._rebuild_rows_from_observations`."""
+    module._rebuild_rows_from_observations()

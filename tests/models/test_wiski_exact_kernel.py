@@ -1,0 +1,176 @@
+"""WiskiGP from 4-D on with the default grid: the kernel evaluated exactly, an exact GP.
+
+Oracle: BoTorch's ``SingleTaskGP`` with the same data, transforms and hyperparameters
+(predictions, the marginal likelihood and its gradient, updates, conditioning, fixed
+noise), to 1e-10 in float64. Also: inputs beyond the grid's box neither re-grid nor are
+clamped, checkpoints round-trip, and a checkpoint written while the model interpolated
+its kernel (SKI rows, ``data/wiski_4d_ski_rows_checkpoint.pt``) is restored from its kept
+observations.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from botorch.models import SingleTaskGP
+from botorch.models.transforms import Normalize
+from gpytorch.mlls import ExactMarginalLogLikelihood
+from oracles import rel_err
+
+from streamgp import WiskiGP
+from streamgp.interpolation.exact import ExactKernelInputs
+from streamgp.interpolation.grid import GridExtrapolationWarning
+from streamgp.models.wiski import HighDimensionalGridWarning
+
+DTYPE = torch.float64
+OLD_CHECKPOINT = Path(__file__).parent / "data" / "wiski_4d_ski_rows_checkpoint.pt"
+
+
+def make_data(n: int, d: int, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    X = 2 * torch.rand(n, d, dtype=DTYPE, generator=generator) - 0.5
+    Y = torch.sin(3 * X).sum(-1, keepdim=True) + 5.0
+    Yvar = 0.01 + 0.05 * torch.rand(n, 1, dtype=DTYPE, generator=generator)
+    return X, Y, Yvar
+
+
+def wiski(X, Y, Yvar=None) -> WiskiGP:
+    d = X.shape[-1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", HighDimensionalGridWarning)
+        model = WiskiGP(X, Y, Yvar, input_transform=Normalize(d))
+    # ARD lengthscales that differ per dimension catch axis-order mistakes.
+    model.covar_module.lengthscale = torch.linspace(0.3, 0.9, d, dtype=DTYPE)
+    model.mean_module.constant = 0.2
+    if Yvar is None:
+        model.likelihood.noise = 0.03
+    return model
+
+
+def singletaskgp_like(model: WiskiGP, X, Y, Yvar=None) -> SingleTaskGP:
+    r"""``SingleTaskGP`` on ``(X, Y, Yvar)`` with ``model``'s frozen transforms and its
+    hyperparameters."""
+    transforms = copy.deepcopy((model.input_transform, model.outcome_transform))
+    exact = SingleTaskGP(X, Y, Yvar, input_transform=transforms[0], outcome_transform=transforms[1])
+    ours = model.state_dict()
+    state = exact.state_dict()
+    exact.load_state_dict({key: ours[key] for key in state})
+    return exact.eval()
+
+
+def assert_same_posterior(model, exact, Xs, tol=1e-10):
+    pw, pe = model.posterior(Xs), exact.posterior(Xs)
+    assert rel_err(pw.mean, pe.mean) < tol
+    assert rel_err(pw.mvn.covariance_matrix, pe.mvn.covariance_matrix) < tol
+
+
+@pytest.mark.parametrize("fixed_noise", [False, True])
+@pytest.mark.parametrize("d", [4, 10])
+def test_it_is_singletaskgp_with_the_same_hyperparameters(d, fixed_noise):
+    X, Y, Yvar = make_data(40, d)
+    Yvar = Yvar if fixed_noise else None
+    model = wiski(X[:30], Y[:30], None if Yvar is None else Yvar[:30]).eval()
+    assert model.evaluates_kernel_exactly
+    assert isinstance(model.interpolation, ExactKernelInputs)
+    # observe: a rank-q extension of the Cholesky factor, not a refactorisation.
+    model.observe(X[30:], Y[30:], None if Yvar is None else Yvar[30:])
+    exact = singletaskgp_like(model, X, Y, Yvar)
+    # Beyond the data's box too (1.5x its extent): the kernel is defined everywhere.
+    Xs = 3 * torch.rand(2, 6, d, dtype=DTYPE) - 1
+    assert_same_posterior(model, exact, Xs)
+    # The marginal likelihood and its gradient in every hyperparameter.
+    model.train(), exact.train()
+    exact.input_transform.eval()  # frozen, as the model's (training mode would relearn it)
+    ours = model.compute_custom_loss(ExactMarginalLogLikelihood(model.likelihood, model))
+    mll = ExactMarginalLogLikelihood(exact.likelihood, exact)
+    theirs = -mll(exact(*exact.train_inputs), exact.train_targets)
+    assert abs(ours.item() - theirs.item()) < 1e-10 * abs(theirs.item())
+    params = dict(model.named_parameters())
+    names = [name for name, p in exact.named_parameters() if p.requires_grad]
+    grads = torch.autograd.grad(ours, [params[name] for name in names])
+    ref = torch.autograd.grad(theirs, [dict(exact.named_parameters())[n] for n in names])
+    for name, grad, expected in zip(names, grads, ref, strict=True):
+        assert rel_err(grad, expected) < 1e-8, name
+
+
+def test_batched_conditioning_is_singletaskgps():
+    X, Y, _ = make_data(30, 6)
+    model = wiski(X, Y).eval()
+    exact = singletaskgp_like(model, X, Y)
+    Xs = torch.rand(3, 5, 6, dtype=DTYPE)
+    exact.posterior(Xs)  # (BoTorch conditions a model that predicted once)
+    Xc = torch.rand(3, 2, 6, dtype=DTYPE)
+    Yc = torch.randn(3, 2, 1, dtype=DTYPE)
+    conditioned = model.condition_on_observations(X=Xc, Y=Yc)
+    expected = exact.condition_on_observations(X=Xc, Y=Yc)
+    assert_same_posterior(conditioned, expected, Xs)
+
+
+def test_inputs_beyond_the_box_neither_regrid_nor_clamp():
+    X, Y, _ = make_data(20, 5)
+    model = wiski(X, Y).eval()
+    interpolation = model.interpolation
+    far = torch.full((2, 5), 4.0, dtype=DTYPE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GridExtrapolationWarning)
+        model.posterior(far)
+        model.observe(far, torch.zeros(2, 1, dtype=DTYPE))
+    assert model.interpolation is interpolation  # no re-grid
+    exact = singletaskgp_like(model, torch.cat([X, far]), torch.cat([Y, torch.zeros(2, 1)]))
+    assert_same_posterior(model, exact, torch.cat([far, 5 + far]))
+
+
+def test_bad_input_is_refused_and_the_model_is_unchanged():
+    X, Y, _ = make_data(20, 5)
+    model = wiski(X, Y).eval()
+    Xs = torch.rand(4, 5, dtype=DTYPE)
+    before = model.posterior(Xs).mean
+    bad = torch.rand(2, 5, dtype=DTYPE)
+    bad[1, 3] = float("nan")
+    with pytest.raises(ValueError, match="X contains NaN"):
+        model.observe(bad, torch.zeros(2, 1, dtype=DTYPE))
+    assert model.num_train == 20 and torch.equal(model.posterior(Xs).mean, before)
+    with pytest.raises(RuntimeError, match="evaluates its kernel exactly"):
+        model.grid_posterior()
+
+
+def test_checkpoints_round_trip_bit_for_bit():
+    X, Y, _ = make_data(25, 6)
+    model = wiski(X[:20], Y[:20]).eval()
+    model.observe(X[20:], Y[20:])
+    restored = wiski(X[:5], Y[:5])
+    restored.restore(model.checkpoint())
+    Xs = torch.rand(7, 6, dtype=DTYPE)
+    assert torch.equal(restored.posterior(Xs).mean, model.posterior(Xs).mean)
+    assert torch.equal(restored.posterior(Xs).variance, model.posterior(Xs).variance)
+
+
+def test_a_checkpoint_with_ski_rows_is_restored_from_its_observations():
+    """Written by the previous version (SKI in data space, per-axis weights): restored,
+    the model is the exact GP of the checkpoint's 15 kept observations."""
+    checkpoint = torch.load(OLD_CHECKPOINT, weights_only=False)
+    assert "statistics.axis0_values" in checkpoint["state_dict"]
+    X, Y, _ = make_data(12, 4)
+    model = wiski(X, Y)
+    model.restore(checkpoint)
+    model.eval()
+    store = model.observations
+    assert model.num_train == 15 == store.X.shape[-2]
+    exact = singletaskgp_like(model, store.X, store.Y)
+    assert_same_posterior(model, exact, torch.rand(6, 4, dtype=DTYPE))
+    # A model that keeps no data cannot: it refuses, unchanged.
+    without = WiskiGP(X, Y, input_transform=Normalize(4), keep_data=False).eval()
+    Xs = torch.rand(3, 4, dtype=DTYPE)
+    before = without.posterior(Xs).mean
+    state = {**checkpoint, "stream": {**checkpoint["stream"], "keep_data": False}}
+    state["state_dict"] = {
+        k: v for k, v in checkpoint["state_dict"].items() if not k.startswith("observations.")
+    }
+    state.pop("checksum", None), state.pop("meta", None)
+    with pytest.raises(ValueError, match="rebuild the model from its data"):
+        without.restore(state)
+    assert torch.equal(without.posterior(Xs).mean, before)
