@@ -10,8 +10,8 @@ empty), 10 calls per conditioned model.
 Models (``d``-D inputs in ``[0, 1]^d``, ``sin(3 x)`` summed over dimensions plus noise,
 default hyperparameters, no fit): the exact GP (BoTorch ``SingleTaskGP``),
 :class:`~streamgp.AdditiveWiskiGP` (default singleton groups and grids) and
-:class:`~streamgp.WiskiGP` as a BoTorch user meets it at d >= 4 (exact SKI in data space,
-the kernel factored per axis), at n = 100, 300 and 600 (the table's range). Reported: the
+:class:`~streamgp.WiskiGP` as a BoTorch user meets it at d >= 4 (in data space, the kernel
+evaluated exactly), at n = 100, 300 and 600 (the table's range). Reported: the
 median and mean milliseconds per call over ``--repeats`` conditioned models x 10 calls, taken
 round-robin over the models, the top-level aten operations of one call, and the ratio to the
 exact GP's median.

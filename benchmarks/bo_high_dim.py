@@ -2,8 +2,9 @@ r"""BO at d = 6-20 (issue 35's table): the exact GP against the high-d streaming
 
 Functions (BoTorch's, noisy, negated so that larger is better): Hartmann-6, Ackley-10,
 Levy-10, Rosenbrock-10 and StyblinskiTang-20. Models: the exact GP (``exact``), WISKI as a
-BoTorch user meets it at d >= 4 (``wiski``: exact SKI with the kernel factored per axis,
-in data space), the constant-time additive WISKI (``wiski-additive``), SoftKI with points
+BoTorch user meets it at d >= 4 (``wiski``: in data space; the table's runs were made
+while it was exact SKI there with the kernel factored per axis, it now evaluates the kernel
+exactly), the constant-time additive WISKI (``wiski-additive``), SoftKI with points
 that follow the search (``softki`` with ``moving_points``) and O-SVGP (``osvgp``).
 qLogEI with q = 3, ``2 d`` initial points, warm-started refits every ``--fit-every``
 steps, ``--steps`` steps, ``--trials`` seeds (seed t is the same initial design for every

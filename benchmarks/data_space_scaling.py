@@ -1,7 +1,7 @@
 r"""What a data-space ``WiskiGP`` (d >= 4) costs as n grows, against the exact and additive GPs.
 
-With its default grid in ``d >= 4`` dimensions ``WiskiGP`` stays in data space: exact SKI
-with the kernel factored per axis, an exact GP in cost. This script measures where that
+With its default grid in ``d >= 4`` dimensions ``WiskiGP`` stays in data space and
+evaluates its kernel exactly: an exact GP, in answers and in cost. This script measures where that
 stops being affordable, for ``streamgp.models.registry.choose_model``'s rule: the value and
 gradient of the marginal likelihood (what ``fit_gpytorch_mll`` evaluates at every L-BFGS-B
 step, a refit takes 20-100 of them) and the process's peak memory, at ``n`` observations in

@@ -1,7 +1,7 @@
 r"""WiskiGP against SingleTaskGP in 6-20 dimensions: operations and time per BoTorch step.
 
-With its default grid in ``d >= 4`` dimensions ``WiskiGP`` is exact SKI in data space with
-the kernel factored per axis (see the ``WiskiGP`` docs). This script measures what a user
+With its default grid in ``d >= 4`` dimensions ``WiskiGP`` stays in data space and evaluates
+its kernel exactly (``evaluates_kernel_exactly``; see the ``WiskiGP`` docs). This script measures what a user
 who swaps ``SingleTaskGP`` for it pays, on the two calls a BoTorch loop makes most:
 
 - ``posterior``: the posterior mean and variance at ``T = 16`` points;

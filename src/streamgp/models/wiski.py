@@ -298,15 +298,17 @@ class WiskiGP(
             (``GridExtrapolationWarning``), so BoTorch code that probes beyond the
             search box (qLogNEI's infeasible-cost estimate) never fails mid-loop;
             ``"error"`` raises ``ValueError``. Observations outside re-grid (see
-            ``keep_data``).
+            ``keep_data``). A model that evaluates its kernel exactly (``d >= 4``,
+            default grid) predicts and observes anywhere: it has no box to leave.
         data_space_limit: Largest number of observations kept in data space (rows
             and ``n x n`` matrices); past it they are folded into grid statistics
             for good. Default: ``min(m, MAX_DENSE_GRID)``, where the two costs cross;
             unlimited for a grid of more than ``MAX_DENSE_GRID`` points in ``d >= 4``
             dimensions (the default grid there), whose grid statistics would hold
-            ``(4^d)^2`` products per row: such a model is exact SKI in data space for
-            good, with an exact GP's costs (``O(n^2 q)`` updates, ``O(n^3)`` fits) and a
-            kernel factored per axis (``O(n^2 sum_i g_i)``, never ``4^d``).
+            ``(4^d)^2`` products per row: such a model stays in data space for good and
+            evaluates its kernel exactly (:attr:`evaluates_kernel_exactly`), an exact GP
+            (``O(n^2 q)`` updates, ``O(n^3)`` fits). An explicit limit keeps SKI there
+            (its kernel factored per axis, ``O(n^2 sum_i g_i)``, never ``4^d``).
             0 keeps it in grid space from the first observation on (a model
             built without data starts with empty data-space statistics).
         interpolation: Instead of the regular grid, a function of the transformed

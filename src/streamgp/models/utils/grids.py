@@ -35,8 +35,8 @@ class HighDimensionalGridWarning(UserWarning):
 
     Raised (once per call site, Python's default) when :class:`WiskiGP` builds its
     default grid for ``d >= 4`` inputs. Cubic interpolation there puts ``4^d`` weights
-    on every input, so the model keeps exact SKI in data space (``n x n`` matrices, an
-    exact GP's costs) instead of folding its rows into a grid;
+    on every input, so the model stays in data space and evaluates its kernel exactly
+    (``n x n`` matrices: an exact GP, with its costs) instead of folding rows into a grid;
     :class:`~streamgp.models.AdditiveWiskiGP` is the model whose updates stay constant in
     ``n`` in those dimensions. Passing ``grid_size`` states the choice and silences it.
     """
