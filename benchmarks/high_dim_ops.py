@@ -2,7 +2,8 @@ r"""WiskiGP against SingleTaskGP in 6-20 dimensions: operations and time per BoT
 
 With its default grid in ``d >= 4`` dimensions ``WiskiGP`` stays in data space and evaluates
 its kernel exactly (``evaluates_kernel_exactly``; see the ``WiskiGP`` docs). This script
-measures what a user who swaps ``SingleTaskGP`` for it pays, on the two calls a BoTorch loop makes most:
+measures what a user who swaps ``SingleTaskGP`` for it pays, on the two calls a BoTorch loop
+makes most:
 
 - ``posterior``: the posterior mean and variance at ``T = 16`` points;
 - ``qLogNEI fwd+bwd``: the value and gradient of BoTorch's qLogNEI (256 QMC samples,
