@@ -287,7 +287,8 @@ class CheckpointStateMixin:
         Raises:
             ValueError: Without kept observations, or if they are not the rows'.
         """
-        pending, self._rows_to_rebuild = self._rows_to_rebuild, None
+        pending = getattr(self, "_rows_to_rebuild", None)  # (none if no statistics loaded)
+        self._rows_to_rebuild = None
         if pending is None:
             return
         y, noise = pending
