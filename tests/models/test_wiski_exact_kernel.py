@@ -180,3 +180,19 @@ def test_a_checkpoint_with_ski_rows_is_restored_from_its_observations():
     with pytest.raises(ValueError, match="rebuild the model from its data"):
         without.restore(state)
     assert torch.equal(without.posterior(Xs).mean, before)
+
+
+@pytest.mark.parametrize(
+    "train_Y, options",
+    [
+        (lambda X: torch.stack([X.sum(-1), X.prod(-1)], -1), {}),
+        (lambda X: torch.stack([X.sum(-1), X.prod(-1)], -1), {"shared_hyperparameters": True}),
+    ],
+    ids=["outputs", "shared-outputs"],
+)
+def test_several_outputs_from_4d_on_are_refused_naming_the_model_list(train_Y, options):
+    X, _, _ = make_data(20, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", HighDimensionalGridWarning)
+        with pytest.raises(ValueError, match=r"train_Y has .*ModelListGP"):
+            WiskiGP(X, train_Y(X), **options)

@@ -666,16 +666,29 @@ class WiskiGP(
     def _check_dense_for_outputs(self, interpolation: Any, structured: bool) -> None:
         r"""Refuse a grid too large for a dense root in a multi-output or batched model (at
         construction, a re-grid or a checkpoint's grid)."""
+        # From 4-D on a coarser grid is the 4^d-weights trap: name the model list instead.
+        remedy = (
+            " From 4-D on, build one single-output WiskiGP per output (and per batch member) "
+            "and combine them in a botorch.models.ModelListGP; each evaluates its kernel "
+            "exactly."
+            if interpolation.dim >= CubicGridInterpolation.FACTORED_FROM_DIM
+            else " Use a coarser grid_size."
+        )
         if structured and self._data_batch_shape:
+            what = (
+                "train_Y has several columns: a WiskiGP with one model per output"
+                if self._output_members
+                else "grid_size: a batched WiskiGP"
+            )
             raise ValueError(
-                f"grid_size: a batched WiskiGP needs a dense grid (at most MAX_DENSE_GRID = "
-                f"{self.MAX_DENSE_GRID} points, this one has {interpolation.num_grid})."
+                f"{what} needs a dense grid (at most MAX_DENSE_GRID = "
+                f"{self.MAX_DENSE_GRID} points, this one has {interpolation.num_grid})." + remedy
             )
         if structured and self._num_outputs > 1:
             raise ValueError(
                 f"train_Y has {self._num_outputs} columns; multi-output WiskiGP needs a dense "
                 f"grid (at most MAX_DENSE_GRID = {self.MAX_DENSE_GRID} points, this one "
-                f"has {interpolation.num_grid}). Use a coarser grid_size."
+                f"has {interpolation.num_grid})." + remedy
             )
 
     # ------------------------------------------------------------------ state
