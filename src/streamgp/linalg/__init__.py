@@ -1,6 +1,7 @@
 """Shared numerical kernels: grid kernel roots, SKI statistics (grid and data space), sparse GPs."""
 
 from streamgp.linalg.data_space import DataCorrection, DataPosterior
+from streamgp.linalg.exact_kernel import ExactKernelFeatures, ExactKernelRoot
 from streamgp.linalg.grid_kernel import (
     GridKernelRoot,
     KernelFeatures,
@@ -46,6 +47,8 @@ __all__ = [
     "GridStatistics",
     "Statistics",
     "KernelFeatures",
+    "ExactKernelFeatures",
+    "ExactKernelRoot",
     "Posterior",
     "PosteriorCorrection",
     "PosteriorCovariance",
