@@ -156,7 +156,13 @@ def _bin_label(low: int, high: int | None) -> str:
 
 
 def markdown(summary: pd.DataFrame, report_steps: list[int]) -> str:
-    lines = ["Best true value (mean ± sd over the seeds that reached the step; seeds):", ""]
+    lines = [
+        "Best true value (mean ± sd over the seeds that reached the step; seeds). The `wiski`",
+        "runs were made while `WiskiGP` interpolated its kernel at d >= 4 (SKI, the kernel",
+        "factored per axis); it now evaluates the kernel exactly (`bo_step_replay.md` times",
+        "steps with the current code).",
+        "",
+    ]
     head = " | ".join(f"step {s}" for s in report_steps)
     lines += [f"| function | model | {head} |", "|---|---|" + "---|" * len(report_steps)]
     for _, row in summary.iterrows():
