@@ -196,3 +196,37 @@ def test_several_outputs_from_4d_on_are_refused_naming_the_model_list(train_Y, o
         warnings.simplefilter("ignore", HighDimensionalGridWarning)
         with pytest.raises(ValueError, match=r"train_Y has .*ModelListGP"):
             WiskiGP(X, train_Y(X), **options)
+
+
+@pytest.mark.parametrize("limit", [14, 5], ids=["data-space", "grid-space"])
+def test_a_checkpoint_of_an_interpolating_model_restores_as_one(limit):
+    """An explicit ``data_space_limit`` keeps SKI from 4-D on; its checkpoint restored into
+    a model that evaluates its kernel exactly gives back the SKI model (its grid and rows),
+    in data space and past the switch to grid space alike."""
+    X, Y, _ = make_data(20, 4)
+    ski = WiskiGP(
+        X[:12], Y[:12], input_transform=Normalize(4), grid_size=9, data_space_limit=limit
+    ).eval()
+    assert not ski.evaluates_kernel_exactly
+    model = wiski(X[:12], Y[:12]).eval()
+    model.restore(ski.checkpoint())
+    assert not model.evaluates_kernel_exactly and model.data_space_limit == limit
+    Xs = torch.rand(5, 4, dtype=DTYPE)
+    for _ in range(2):
+        assert torch.equal(model.posterior(Xs).mean, ski.posterior(Xs).mean)
+        assert torch.equal(model.posterior(Xs).variance, ski.posterior(Xs).variance)
+        ski.observe(X[12:], Y[12:])  # (past the limit: into grid space)
+        model.observe(X[12:], Y[12:])
+    assert not model.in_data_space
+
+
+def test_data_space_for_good_whatever_the_limit_and_no_grid_to_refine_or_sum():
+    X, Y, _ = make_data(20, 5)
+    model = wiski(X[:10], Y[:10]).eval()
+    model.data_space_limit = 3  # (the attribute; the model stays an exact GP)
+    model.observe(X[10:], Y[10:])
+    assert model.in_data_space and model.evaluates_kernel_exactly
+    interpolation = model.interpolation
+    assert model.refine_grid(grid_size=64) is model and model.interpolation is interpolation
+    with pytest.raises(RuntimeError, match="no grid statistics"):
+        model.weighted_statistics()

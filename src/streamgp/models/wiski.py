@@ -173,11 +173,8 @@ from streamgp.models._wiski import (
     ValueChecksMixin,
 )
 from streamgp.models._wiski.checks import check_batched_options
-from streamgp.models._wiski.state import (  # noqa: F401 (the first two as before)
-    _DATA_KEY_PREFIXES,
-    _GRID_FIELDS,
-    rebuild_rows_after_load,
-)
+from streamgp.models._wiski.state import _DATA_KEY_PREFIXES, _GRID_FIELDS  # noqa: F401 (as before)
+from streamgp.models._wiski.statistics import UNLIMITED_DATA_SPACE
 from streamgp.models.base import StreamingModelMixin
 from streamgp.models.utils import (
     CachedPosteriorMixin,
@@ -214,11 +211,6 @@ __all__ = [
     "build_grid",
     "default_grid_size",
 ]
-
-
-#: ``data_space_limit`` of a grid that grid space cannot hold (``d >= 4``, more than
-#: ``MAX_DENSE_GRID`` points): the model never leaves data space.
-UNLIMITED_DATA_SPACE = 2**62
 
 
 # WiskiGP holds its options, its state (what an update may change and what a cache is)
@@ -557,7 +549,6 @@ class WiskiGP(
             )
         check_choice(extrapolation, "extrapolation", EXTRAPOLATION_POLICIES)
         super().__init__()
-        self.register_load_state_dict_post_hook(rebuild_rows_after_load)
         self._data_batch_shape = member_batch
         self._output_members = output_members
         self.extrapolation = extrapolation
@@ -615,7 +606,8 @@ class WiskiGP(
                     "matrices): its updates cost O(n^2 q) and its fits O(n^3), as "
                     "SingleTaskGP's, not constant in n. For updates constant in n use "
                     "AdditiveWiskiGP (an additive kernel over groups of at most 3 "
-                    "dimensions); pass grid_size to choose a grid yourself.",
+                    "dimensions). A grid_size of at most MAX_DENSE_GRID points in all keeps "
+                    "SKI (4^d weights per input); any grid_size silences this warning.",
                     HighDimensionalGridWarning,
                     stacklevel=2,
                 )
@@ -724,11 +716,14 @@ class WiskiGP(
     def evaluates_kernel_exactly(self) -> bool:
         r"""Whether the model evaluates its kernel exactly instead of interpolating it.
 
-        True for the default grid from 4-D on (a Kronecker-factored grid that grid
-        space cannot hold): the model stays in data space for good, where the exact
-        kernel is both cheaper than SKI's and free of interpolation error, so it is an
-        exact GP with ``O(n^2 q)`` updates (see
-        :mod:`streamgp.interpolation.exact`). Its grid is kept for reports only.
+        True from 4-D on for a grid of more than ``MAX_DENSE_GRID`` points (the default
+        grid there, or a ``grid_size`` that large) unless ``data_space_limit`` is given:
+        grid space cannot hold such a grid, so the model stays in data space for good,
+        where the exact kernel is both cheaper than SKI's and free of interpolation error.
+        It is then an exact GP with ``O(n^2 q)`` updates (see
+        :mod:`streamgp.interpolation.exact`); its grid is kept for reports (and
+        checkpoints) only. A grid of at most ``MAX_DENSE_GRID`` points, or an explicit
+        ``data_space_limit``, keeps SKI.
         """
         return isinstance(self.interpolation, ExactKernelInputs)
 
@@ -888,7 +883,8 @@ class WiskiGP(
         else:
             update_noise = self.noise_variance.expand(y.shape[-1:])
         if isinstance(posterior, DataPosterior):
-            if statistics.count > self.data_space_limit or self._posterior_on_grid(statistics):
+            leaves = statistics.count > self.data_space_limit and not self.evaluates_kernel_exactly
+            if leaves or self._posterior_on_grid(statistics):
                 return None  # the next prediction factorises on the grid
             return posterior.update(weights, y, update_noise)
         # A large grid's posterior is a rank-k LOVE root: it is updated the same way

@@ -120,7 +120,9 @@ class RebuildMixin:
 
         Returns:
             The model itself. Raises (and changes nothing) on a bad argument, or if the
-            model keeps no data (``keep_data=False``, a conditioned view).
+            model keeps no data (``keep_data=False``, a conditioned view). A model that
+            evaluates its kernel exactly (``evaluates_kernel_exactly``) has no grid in use:
+            nothing changes.
 
         Example:
             >>> from streamgp.models import WiskiGP
@@ -130,6 +132,8 @@ class RebuildMixin:
             >>> model.refine_grid().interpolation.grid_size
             [43]
         """
+        if self.evaluates_kernel_exactly:
+            return self
         with transaction(self):
             size = self._refined_grid_size(grid_size, max_grid_points)
             if size is None:

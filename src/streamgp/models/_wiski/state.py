@@ -11,16 +11,18 @@ that a restored model predicts and continues the stream bit for bit.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from streamgp.interpolation.exact import InputRows
+from streamgp.interpolation.exact import ExactKernelInputs, InputRows
 from streamgp.interpolation.grid import CubicGridInterpolation, InterpolationWeights
 from streamgp.linalg.data_space import DataPosterior
 from streamgp.linalg.statistics import DataStatistics, GridStatistics
 from streamgp.linalg.woodbury import GridPosterior
+from streamgp.models._wiski.statistics import UNLIMITED_DATA_SPACE
 from streamgp.models.utils.grids import build_grid
 
 _GRID_FIELDS = ("A", "b", "c", "n", "sum_log_noise", "sum_noise")
@@ -137,10 +139,14 @@ class CheckpointStateMixin:
             destination[f"{prefix}grid.bounds"], destination[f"{prefix}grid.size"] = grid
 
     def _grid_state(self) -> tuple[Tensor, Tensor] | None:
-        r"""The grid's box and sizes (``state_dict``'s ``grid.*``); None without a grid."""
-        if not isinstance(self.interpolation, CubicGridInterpolation):
+        r"""The grid's box and sizes (``state_dict``'s ``grid.*``); None without a grid.
+        (A model that evaluates its kernel exactly reports the grid it replaces.)"""
+        grid = self.interpolation
+        if isinstance(grid, ExactKernelInputs):
+            grid = grid.grid_interpolation
+        if not isinstance(grid, CubicGridInterpolation):
             return None
-        return self.interpolation.bounds.detach(), torch.tensor(self.interpolation.grid_size)
+        return grid.bounds.detach(), torch.tensor(grid.grid_size)
 
     def _grid_from_state(self, bounds: Tensor, size: Tensor) -> tuple[Any, bool]:
         r"""The interpolation (and ``structured``) of a saved :meth:`_grid_state`."""
@@ -193,9 +199,6 @@ class CheckpointStateMixin:
             for key, value in state.items()
             if key.startswith("posterior_")
         }
-        if not getattr(self, "_posterior_from_checkpoint", True):
-            self._posterior_from_checkpoint = True  # (for the next load)
-            return
         if "root" in saved:
             self._posterior = GridPosterior.from_state(saved, self.interpolation.num_grid)
         elif "chol" in saved:
@@ -216,7 +219,64 @@ class CheckpointStateMixin:
             size = state["grid_size"]
             self._grid_size_option = size if size is None or isinstance(size, int) else list(size)
             self.data_space_limit = int(state["data_space_limit"])
+        if self._holds_ski_rows_for_good():
+            # Written before a WiskiGP from 4-D on evaluated its kernel exactly: exact SKI in
+            # data space for good. Its rows are made again, as inputs, from the kept
+            # observations, and its posterior factors (SKI's) are not restored.
+            self._rows_from_kept_observations()
+            return
         self._set_posterior_state(state)
+
+    def _holds_ski_rows_for_good(self) -> bool:
+        r"""Whether the model holds SKI rows in data space for good: a default grid from
+        4-D on (structured, ``UNLIMITED_DATA_SPACE``) that interpolates its kernel."""
+        return (
+            self.data_space_limit >= UNLIMITED_DATA_SPACE
+            and self.structured
+            and self.interpolation.dim >= CubicGridInterpolation.FACTORED_FROM_DIM
+            and not self.evaluates_kernel_exactly
+            and isinstance(self._statistics, DataStatistics)
+        )
+
+    def _rows_from_kept_observations(self) -> None:
+        r"""Evaluate the kernel exactly from now on: the rows become the kept observations'
+        (transformed) inputs; the targets and noise are kept as they are.
+
+        Raises:
+            ValueError: Without kept observations, or if they are not the rows'.
+        """
+        statistics, store = self._statistics, self.observations
+        if store is None or store.X.shape[-2] != statistics.count:
+            kept = "no observations" if store is None else f"{store.X.shape[-2]} observations"
+            raise ValueError(
+                "checkpoint: its rows are SKI interpolation weights (written before a WiskiGP "
+                f"from 4-D on evaluated its kernel exactly) and it keeps {kept} for its "
+                f"{statistics.count} rows; rebuild the model from its data."
+            )
+        with torch.no_grad():
+            X_t = self._transform_new_data(store.X, store.Y, store.Yvar)[0]
+        self._use_exact_kernel(True)
+        self._clear_caches()
+        self._set_statistics(replace(statistics, weights=self.interpolation.weights(X_t)))
+
+    def _use_exact_kernel(self, exact: bool) -> None:
+        r"""Evaluate the kernel exactly (on the current grid's inputs) or interpolate it.
+
+        Raises:
+            ValueError: For the exact kernel on a grid that grid space can hold.
+        """
+        if exact == self.evaluates_kernel_exactly:
+            return
+        if not exact:
+            self.interpolation = self.interpolation.grid_interpolation
+            return
+        if not self.structured or self.interpolation.dim < CubicGridInterpolation.FACTORED_FROM_DIM:
+            raise ValueError(
+                "its rows are the inputs of a kernel evaluated exactly (a WiskiGP from 4-D on "
+                "with the default grid), this model interpolates its kernel on a grid that "
+                "grid space can hold (build it with the same grid_size)."
+            )
+        self.interpolation = ExactKernelInputs(self.interpolation)
 
     def _load_grid(self, bounds: Tensor, size: Tensor) -> None:
         r"""Move to the grid a checkpoint's statistics live on (before loading them)."""
@@ -253,61 +313,15 @@ class CheckpointStateMixin:
             if strict:
                 missing_keys.append(f"{key}*")
             return
-        self._rows_to_rebuild, self._posterior_from_checkpoint = None, True
         try:
             if grid["bounds"] is not None and grid["size"] is not None and self._grid_state():
                 self._load_grid(grid["bounds"], grid["size"])
-            if self.evaluates_kernel_exactly and "y" in tensors and "inputs" not in tensors:
-                # Written before a WiskiGP from 4-D on evaluated its kernel exactly: its
-                # rows are SKI weights of inputs the kept observations hold. The rows are
-                # made from those once they and the transforms are loaded (after this).
-                self._rows_to_rebuild = self._saved_targets(tensors)
-                return
+            # The kernel as the checkpoint's rows have it: exactly (their inputs) or
+            # interpolated (SKI weights, grid sums) on the same grid.
+            self._use_exact_kernel("inputs" in tensors)
             statistics = self._statistics_from_tensors(tensors)
         except (KeyError, ValueError) as error:
             error_msgs.append(f"WiskiGP statistics: {error}")
             return
         self._clear_caches()
         self._set_statistics(statistics)
-
-    def _saved_targets(self, tensors: dict[str, Tensor]) -> tuple[Tensor, Tensor | None]:
-        r"""A checkpoint's data-space targets and fixed noise, on this model's device."""
-        if ("noise" in tensors) != self.fixed_noise:
-            raise ValueError(
-                "its statistics' noise model (fixed or learned) differs from this model's."
-            )
-        like = self._statistics.y
-        y = tensors["y"].to(like)
-        return y, tensors["noise"].to(like) if self.fixed_noise else None
-
-    def _rebuild_rows_from_observations(self) -> None:
-        r"""The rows of a checkpoint written with SKI weights (see ``_load_from_state_dict``),
-        from the kept observations through the loaded transforms; its targets are kept.
-
-        Raises:
-            ValueError: Without kept observations, or if they are not the rows'.
-        """
-        pending = getattr(self, "_rows_to_rebuild", None)  # (none if no statistics loaded)
-        self._rows_to_rebuild = None
-        if pending is None:
-            return
-        y, noise = pending
-        store = self.observations
-        if store is None or store.X.shape[-2] != y.shape[-1]:
-            raise ValueError(
-                "WiskiGP statistics: its rows are SKI interpolation weights (written before "
-                "a WiskiGP from 4-D on evaluated its kernel exactly) and it keeps "
-                + ("no observations" if store is None else f"{store.X.shape[-2]} observations")
-                + f" for its {y.shape[-1]} rows; rebuild the model from its data."
-            )
-        with torch.no_grad():
-            X_t = self._transform_new_data(store.X, store.Y, store.Yvar)[0]
-        self._clear_caches()
-        self._set_statistics(DataStatistics(self.interpolation.weights(X_t), y, noise))
-        self._posterior_from_checkpoint = False  # (its factors are SKI's: refactorise)
-
-
-def rebuild_rows_after_load(module: CheckpointStateMixin, incompatible_keys: Any) -> None:
-    r"""``load_state_dict`` post-hook (module-level, so that copies of a model call their
-    own): :meth:`CheckpointStateMixin._rebuild_rows_from_observations`."""
-    module._rebuild_rows_from_observations()

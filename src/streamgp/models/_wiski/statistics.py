@@ -20,6 +20,11 @@ from streamgp.linalg.woodbury import GridPosterior
 from streamgp.models.utils import transform_new_data
 from streamgp.settings import deferred_value_checks, immediate_value_checks
 
+#: ``data_space_limit`` of a grid that grid space cannot hold (``d >= 4``, more than
+#: ``MAX_DENSE_GRID`` points): the model never leaves data space (and there evaluates its
+#: kernel exactly; see ``WiskiGP.evaluates_kernel_exactly``).
+UNLIMITED_DATA_SPACE = 2**62
+
 
 class StatisticsMixin:
     r"""The statistics, the data-space/grid-space switch and the fit objective.
@@ -107,7 +112,11 @@ class StatisticsMixin:
 
     def _switch_space_if_needed(self, statistics: DataStatistics | GridStatistics) -> None:
         r"""Set the statistics, folding data-space rows into grid statistics past the limit."""
-        if isinstance(statistics, DataStatistics) and statistics.count > self.data_space_limit:
+        if (
+            isinstance(statistics, DataStatistics)
+            and statistics.count > self.data_space_limit
+            and not self.evaluates_kernel_exactly  # (data space for good)
+        ):
             statistics = statistics.to_grid(sparse=self.structured)
             if not isinstance(self._posterior, GridPosterior) or self.structured:
                 self._invalidate()  # the next prediction factorises in grid space, O(m^3)
@@ -119,6 +128,11 @@ class StatisticsMixin:
         Includes data absorbed by ``condition_on_observations`` (unbatched only). In data
         space they are computed from the rows (``O(n 16^d)``), without switching space.
         """
+        if self.evaluates_kernel_exactly:
+            raise RuntimeError(
+                "weighted_statistics: this model evaluates its kernel exactly (from 4-D on "
+                "with the default grid), so it has no grid statistics."
+            )
         self._fold_conditioning()
         return self._statistics.to_grid().weighted(self.noise_variance)
 
