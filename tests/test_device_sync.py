@@ -30,6 +30,7 @@ import torch
 from botorch.models.transforms import Normalize, Standardize
 
 from streamgp import AdditiveWiskiGP, WiskiGP
+from streamgp.models.wiski import HighDimensionalGridWarning
 from streamgp.settings import skip_value_checks
 
 BOUNDS = torch.tensor([[-1.0, 0.0], [1.0, 2.0]])
@@ -67,6 +68,16 @@ def no_host_reads() -> Iterator[None]:
         for name, function in saved_linalg.items():
             setattr(torch.linalg, name, function)
         torch.equal = saved_equal
+
+
+def box(dim: int) -> torch.Tensor:
+    r"""``BOUNDS`` on every pair of ``dim`` input dimensions: ``2 x dim``."""
+    return BOUNDS.repeat(1, dim // 2)
+
+
+def corners(model: WiskiGP, **tkwargs) -> torch.Tensor:
+    r"""Two points of the model's input box (a first prediction, outside a check)."""
+    return box(model.interpolation.dim).to(**tkwargs)
 
 
 def build(n: int, limit: int | None, num_outputs: int, shared: bool = True, **tkwargs) -> WiskiGP:
@@ -114,10 +125,32 @@ def build_additive(n: int, groups: str | list[list[int]], **tkwargs) -> Additive
     return model
 
 
-#: Single-output models: WiskiGP in data and grid space; AdditiveWiskiGP with singleton
-#: groups (grid space) and with one pair of inputs (data space).
+def build_exact(n: int, **tkwargs) -> WiskiGP:
+    r"""``WiskiGP`` on 4-D inputs with its default grid: data space, the kernel exact."""
+    generator = torch.Generator().manual_seed(n)
+    bounds = box(4).to(torch.float64)
+    U = torch.rand(n, 4, generator=generator, dtype=torch.float64)
+    X = bounds[0] + (bounds[1] - bounds[0]) * U
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", HighDimensionalGridWarning)
+        model = WiskiGP(
+            X.to(**tkwargs),
+            torch.sin(3 * X).sum(-1, keepdim=True).to(**tkwargs),
+            input_transform=Normalize(4, bounds=bounds.to(**tkwargs)),
+            outcome_transform=Standardize(1),
+        )
+    assert model.evaluates_kernel_exactly
+    model.covar_module.lengthscale = 0.3
+    model.likelihood.noise = 0.01
+    return model
+
+
+#: Single-output models: WiskiGP in data and grid space, and from 4-D on (the kernel
+#: exact); AdditiveWiskiGP with singleton groups (grid space) and with one pair of inputs
+#: (data space).
 SINGLE_OUTPUT_MODELS = {
     "data space": lambda **tkwargs: build(30, None, 1, **tkwargs),
+    "exact kernel, 4-D": lambda **tkwargs: build_exact(30, **tkwargs),
     "grid space": lambda **tkwargs: build(200, 0, 1, **tkwargs),
     "additive, grid space": lambda **tkwargs: build_additive(200, "singletons", **tkwargs),
     "additive pair, data space": lambda **tkwargs: build_additive(20, [[0, 1]], **tkwargs),
@@ -153,9 +186,11 @@ def stream_inputs(model: WiskiGP, steps: int = 4) -> dict:
     k = model.num_outputs
     generator = torch.Generator().manual_seed(1)
 
+    bounds = box(model.interpolation.dim).double()
+
     def points(*shape):
-        U = torch.rand(*shape, 2, generator=generator, dtype=torch.float64)
-        return (BOUNDS[0].double() + (BOUNDS[1] - BOUNDS[0]).double() * U).to(**tkwargs)
+        U = torch.rand(*shape, bounds.shape[-1], generator=generator, dtype=torch.float64)
+        return (bounds[0] + (bounds[1] - bounds[0]) * U).to(**tkwargs)
 
     inputs = {"test_X": points(16), "steps": []}
     for step in range(steps):
@@ -191,7 +226,8 @@ def assert_unchecked_steps_read_nothing_and_agree(build_model) -> None:
     what they give with the checks on (two models from ``build_model()``)."""
     checked = run_stream_steps(build_model())
     model = build_model()
-    model.posterior(BOUNDS.to(torch.float64))  # the first factorisation, outside the check
+    # The first factorisation, outside the check.
+    model.posterior(corners(model, dtype=torch.float64))
     inputs = stream_inputs(model)
     with skip_value_checks(), no_host_reads():
         unchecked = stream_steps(model, inputs)
@@ -215,6 +251,14 @@ def test_additive_hot_paths_read_nothing_on_the_host_and_give_the_checked_result
     assert_unchecked_steps_read_nothing_and_agree(
         lambda: SINGLE_OUTPUT_MODELS[kind](dtype=torch.float64)
     )
+
+
+def test_exact_kernel_hot_paths_read_nothing_unchecked_and_once_per_call_checked():
+    build_model = lambda: build_exact(30, dtype=torch.float64)  # noqa: E731
+    assert_unchecked_steps_read_nothing_and_agree(build_model)
+    model = build_model()
+    model.posterior(corners(model, dtype=torch.float64))  # (outside the count)
+    assert reads_per_call(model, stream_inputs(model)) == ONE_READ_PER_CALL
 
 
 def test_the_probe_catches_a_host_read():
@@ -246,7 +290,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 def test_cuda_hot_paths_do_not_synchronise_and_agree_with_cpu(kind, dtype):
     expected = run_stream_steps(SINGLE_OUTPUT_MODELS[kind](dtype=torch.float64))
     model = SINGLE_OUTPUT_MODELS[kind](dtype=dtype, device="cuda")
-    model.posterior(BOUNDS.to(dtype=dtype, device="cuda"))
+    model.posterior(corners(model, dtype=dtype, device="cuda"))
     inputs = stream_inputs(model)  # host-to-device copies synchronise: before the check
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -331,7 +375,8 @@ def reads_per_call(model: WiskiGP, inputs: dict, counter=counted_host_reads) -> 
 def test_checked_hot_paths_read_the_host_at_most_once_per_call(n, limit, num_outputs, shared):
     # Default mode (value checks on): each call's checks are read together, once.
     model = build(n, limit, num_outputs, shared, dtype=torch.float64)
-    model.posterior(BOUNDS.to(torch.float64))  # the first factorisation, outside the count
+    # The first factorisation, outside the count.
+    model.posterior(corners(model, dtype=torch.float64))
     most = reads_per_call(model, stream_inputs(model))
     assert most == ONE_READ_PER_CALL
 
@@ -339,7 +384,8 @@ def test_checked_hot_paths_read_the_host_at_most_once_per_call(n, limit, num_out
 @ADDITIVE_MODELS
 def test_additive_checked_hot_paths_read_the_host_at_most_once_per_call(kind):
     model = SINGLE_OUTPUT_MODELS[kind](dtype=torch.float64)
-    model.posterior(BOUNDS.to(torch.float64))  # the first factorisation, outside the count
+    # The first factorisation, outside the count.
+    model.posterior(corners(model, dtype=torch.float64))
     most = reads_per_call(model, stream_inputs(model))
     assert most == ONE_READ_PER_CALL
 
@@ -410,7 +456,7 @@ def counted_cuda_syncs() -> Iterator[list]:
 @MODELS
 def test_cuda_checked_hot_paths_synchronise_at_most_once_per_call(kind, dtype):
     model = SINGLE_OUTPUT_MODELS[kind](dtype=dtype, device="cuda")
-    model.posterior(BOUNDS.to(dtype=dtype, device="cuda"))
+    model.posterior(corners(model, dtype=dtype, device="cuda"))
     inputs = stream_inputs(model)
     torch.cuda.synchronize()
     most = reads_per_call(model, inputs, counted_cuda_syncs)
