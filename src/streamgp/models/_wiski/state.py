@@ -91,13 +91,7 @@ class CheckpointStateMixin:
                 )
             return GridStatistics(gram=sums.pop("A"), **sums, fixed_noise=self.fixed_noise)
         interp = self.interpolation
-        if "inputs" in tensors and not self.evaluates_kernel_exactly:
-            raise ValueError(
-                "its rows are the inputs of a kernel evaluated exactly (a WiskiGP from 4-D "
-                "on with the default grid), this model interpolates its kernel (build it "
-                "with the same grid_size)."
-            )
-        if "inputs" in tensors:
+        if "inputs" in tensors:  # (the caller made the kernel exact: _use_exact_kernel)
             inputs = get("inputs")
             if inputs.shape[-1] != interp.dim:
                 raise ValueError(
