@@ -1,14 +1,15 @@
 """The exact kernel behind a root's interface (``streamgp.linalg.exact_kernel``).
 
 Oracle: gpytorch's own kernel call, for values and gradients (in the hyperparameters and
-in the inputs), batched inputs and concatenated rows.
+in the inputs), batched inputs and concatenated rows: the RBF fast path and any other
+kernel (Matern, periodic, a sum over ``active_dims``).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
+from gpytorch.kernels import MaternKernel, PeriodicKernel, RBFKernel, ScaleKernel
 from oracles import rel_err
 
 from streamgp.interpolation.exact import InputRows
@@ -56,6 +57,50 @@ def test_a_root_made_without_gradients_is_constant():
     assert not root.features(InputRows(X, 0)).gram().requires_grad
 
 
-def test_other_kernels_are_refused_by_name():
-    with pytest.raises(ValueError, match="covar_module MaternKernel"):
-        ExactKernelRoot.of(MaternKernel(ard_num_dims=3), num_grid=0)
+def other_kernels():
+    """Kernels without the RBF fast path: evaluated by their own gpytorch call."""
+    matern = ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=5)).to(DTYPE)
+    matern.base_kernel.lengthscale = torch.tensor([0.3, 0.5, 0.7, 0.9, 1.1], dtype=DTYPE)
+    matern.outputscale = 1.3
+    periodic = ScaleKernel(PeriodicKernel()).to(DTYPE)
+    parts = RBFKernel(active_dims=torch.tensor([0, 2])) + MaternKernel(
+        nu=1.5, active_dims=torch.tensor([1, 3, 4])
+    )
+    return {"matern": matern, "periodic": periodic, "sum-active-dims": parts.to(DTYPE)}
+
+
+@pytest.mark.parametrize("name", ["matern", "periodic", "sum-active-dims"])
+def test_any_other_kernel_is_its_own_gpytorch_call(name):
+    k = other_kernels()[name]
+    A = torch.rand(7, 5, dtype=DTYPE, requires_grad=True)
+    B = 3 * torch.rand(2, 4, 5, dtype=DTYPE)
+    root = ExactKernelRoot.of(k, num_grid=0)
+    assert root.module is k and root.batch_shape == torch.Size([])
+    fa, fb = root.features(InputRows(A, 0)), root.features(InputRows(B, 0))
+    cross, expected = fa.cross(fb), k(A, B).to_dense()
+    assert cross.shape == (2, 7, 4) and rel_err(cross, expected) < 1e-12
+    assert rel_err(fa.gram(), k(A).to_dense()) < 1e-12
+    assert rel_err(fb.diag(), k(B, diag=True)) < 1e-12
+    both = fa.cat(fb.expand(2, 4, 5))
+    assert rel_err(both.gram(), k(torch.cat([A.expand(2, 7, 5), B], -2)).to_dense()) < 1e-12
+    params = [p for p in k.parameters()] + [A]
+    ours = torch.autograd.grad(cross.square().sum(), params)
+    theirs = torch.autograd.grad(expected.square().sum(), params)
+    for grad, ref in zip(ours, theirs, strict=True):
+        assert rel_err(grad, ref) < 1e-10
+
+
+def test_any_kernel_made_without_gradients_is_constant_at_its_hyperparameters():
+    k = other_kernels()["matern"]
+    X = torch.rand(4, 5, dtype=DTYPE, requires_grad=True)
+    with torch.no_grad():
+        root = ExactKernelRoot.of(k, num_grid=0)
+    before = k(X).to_dense().detach()
+    k.base_kernel.lengthscale = 2.0  # later changes do not reach it
+    gram = root.features(InputRows(X, 0)).gram()
+    assert rel_err(gram, before) < 1e-14
+    # Constant in the hyperparameters, still differentiable in the inputs.
+    assert all(not p.requires_grad for p in root.module.parameters())
+    assert torch.autograd.grad(gram.sum(), X)[0].abs().sum() > 0
+    moved = root.features(InputRows(X, 0)).apply(lambda t: t.to(torch.float32))
+    assert moved.gram().dtype == torch.float32

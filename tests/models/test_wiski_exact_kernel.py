@@ -18,6 +18,8 @@ import pytest
 import torch
 from botorch.models import SingleTaskGP
 from botorch.models.transforms import Normalize
+from gpytorch.constraints import Interval
+from gpytorch.kernels import MaternKernel, ScaleKernel
 from gpytorch.mlls import ExactMarginalLogLikelihood
 from oracles import rel_err
 
@@ -240,3 +242,75 @@ def test_data_space_for_good_whatever_the_limit_and_no_grid_to_refine_or_sum():
     assert model.refine_grid(grid_size=64) is model and model.interpolation is interpolation
     with pytest.raises(RuntimeError, match="no grid statistics"):
         model.weighted_statistics()
+
+
+def turbo_kernel(d: int) -> ScaleKernel:
+    """BoTorch's TuRBO tutorial's kernel: Matern-5/2 with ARD lengthscales, constrained."""
+    kernel = ScaleKernel(
+        MaternKernel(nu=2.5, ard_num_dims=d, lengthscale_constraint=Interval(0.005, 4.0))
+    ).to(DTYPE)
+    kernel.base_kernel.lengthscale = torch.linspace(0.4, 1.2, d, dtype=DTYPE)
+    kernel.outputscale = 1.4
+    return kernel
+
+
+@pytest.mark.parametrize("fixed_noise", [False, True])
+def test_any_kernel_is_singletaskgp_with_the_same_kernel(fixed_noise):
+    """A Matern kernel (no Kronecker grid) from 4-D on: evaluated exactly, the model is
+    SingleTaskGP with that kernel: predictions, the likelihood and its gradient,
+    ``observe``, batched conditioning and checkpoints."""
+    d = 6
+    X, Y, Yvar = make_data(40, d)
+    Yvar = Yvar if fixed_noise else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", HighDimensionalGridWarning)
+        model = WiskiGP(
+            X[:30],
+            Y[:30],
+            None if Yvar is None else Yvar[:30],
+            covar_module=turbo_kernel(d),
+            input_transform=Normalize(d),
+        ).eval()
+    if Yvar is None:
+        model.likelihood.noise = 0.03
+    assert model.evaluates_kernel_exactly
+    model.observe(X[30:], Y[30:], None if Yvar is None else Yvar[30:])
+    transforms = copy.deepcopy((model.input_transform, model.outcome_transform))
+    exact = SingleTaskGP(
+        X,
+        Y,
+        Yvar,
+        covar_module=copy.deepcopy(model.covar_module),
+        input_transform=transforms[0],
+        outcome_transform=transforms[1],
+    )
+    exact.load_state_dict(model.state_dict(), strict=False)
+    exact.eval()
+    Xs = 3 * torch.rand(2, 6, d, dtype=DTYPE) - 1
+    assert_same_posterior(model, exact, Xs)
+    Xc, Yc = torch.rand(3, 2, d, dtype=DTYPE), torch.randn(3, 2, 1, dtype=DTYPE)
+    noise = {} if Yvar is None else {"noise": torch.full_like(Yc, 0.02)}
+    conditioned = model.condition_on_observations(X=Xc, Y=Yc, **noise)
+    expected = exact.condition_on_observations(X=Xc, Y=Yc, **noise)
+    assert_same_posterior(conditioned, expected, torch.rand(3, 5, d, dtype=DTYPE))
+    restored = copy.deepcopy(model)
+    restored.restore(model.checkpoint())
+    assert torch.equal(restored.posterior(Xs).mean, model.posterior(Xs).mean)
+    model.train(), exact.train()
+    exact.input_transform.eval()
+    ours = model.compute_custom_loss(ExactMarginalLogLikelihood(model.likelihood, model))
+    mll = ExactMarginalLogLikelihood(exact.likelihood, exact)
+    theirs = -mll(exact(*exact.train_inputs), exact.train_targets)
+    assert abs(ours.item() - theirs.item()) < 1e-10 * abs(theirs.item())
+    params = dict(model.named_parameters())
+    names = [name for name, p in exact.named_parameters() if p.requires_grad]
+    grads = torch.autograd.grad(ours, [params[name] for name in names])
+    ref = torch.autograd.grad(theirs, [dict(exact.named_parameters())[n] for n in names])
+    for name, grad, expected in zip(names, grads, ref, strict=True):
+        assert rel_err(grad, expected) < 1e-8, name
+
+
+def test_a_kernel_without_kronecker_structure_on_an_interpolated_grid_is_refused():
+    X, Y, _ = make_data(20, 4)
+    with pytest.raises(ValueError, match="MaternKernel.*leave grid_size and data_space_limit"):
+        WiskiGP(X, Y, covar_module=MaternKernel(nu=2.5).to(DTYPE), data_space_limit=10)

@@ -189,6 +189,7 @@ from streamgp.models.utils.grids import (
     HIGH_DIM_POINTS_PER_UNIT,
     HighDimensionalGridWarning,
     build_grid,
+    check_structured_kernel,
     default_grid_size,
 )
 from streamgp.models.utils.observations import ObservationStore
@@ -620,6 +621,7 @@ class WiskiGP(
                 self.MAX_DENSE_GRID,
                 follow_data=self.observations is not None,
                 around_data=learns_input_coefficients(input_transform),
+                check_kernel=False,  # (any kernel is evaluated exactly: checked below)
             )
             self._check_dense_for_outputs(self.interpolation, self.structured)
             if data_space_limit is None:
@@ -631,6 +633,8 @@ class WiskiGP(
                     # space, where the kernel itself is exact and cheaper than SKI's.
                     data_space_limit = UNLIMITED_DATA_SPACE
                     self.interpolation = ExactKernelInputs(self.interpolation)
+            if self.structured and not self.evaluates_kernel_exactly:
+                check_structured_kernel(self.covar_module, self.interpolation, self.MAX_DENSE_GRID)
         else:  # with a dense root: grid sums, or rows while n is small (FACTORY_DATA_SPACE)
             self.interpolation = interpolation(transformed_X, y_all, noise_all)
             self.structured = False

@@ -45,8 +45,11 @@ class RebuildMixin:
         transformed inputs ``X_t`` (of raw ``X``), with ``grid_size`` points per axis
         (default: the model's ``grid_size`` option)."""
         size = self._grid_size_option if grid_size is None else grid_size
-        grid, structured = build_grid(X, X_t, bounds, size, self.covar_module, self.MAX_DENSE_GRID)
-        if self.evaluates_kernel_exactly:  # (its rows are the inputs, whatever the grid)
+        exact = self.evaluates_kernel_exactly
+        grid, structured = build_grid(
+            X, X_t, bounds, size, self.covar_module, self.MAX_DENSE_GRID, check_kernel=not exact
+        )
+        if exact:  # (its rows are the inputs, whatever the grid)
             return ExactKernelInputs(grid), structured
         return grid, structured
 

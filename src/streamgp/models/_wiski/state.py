@@ -23,7 +23,7 @@ from streamgp.linalg.data_space import DataPosterior
 from streamgp.linalg.statistics import DataStatistics, GridStatistics
 from streamgp.linalg.woodbury import GridPosterior
 from streamgp.models._wiski.statistics import UNLIMITED_DATA_SPACE
-from streamgp.models.utils.grids import build_grid
+from streamgp.models.utils.grids import build_grid, check_structured_kernel
 
 _GRID_FIELDS = ("A", "b", "c", "n", "sum_log_noise", "sum_noise")
 #: ``state_dict`` entries that belong to the data rather than to the hyperparameters:
@@ -145,8 +145,15 @@ class CheckpointStateMixin:
     def _grid_from_state(self, bounds: Tensor, size: Tensor) -> tuple[Any, bool]:
         r"""The interpolation (and ``structured``) of a saved :meth:`_grid_state`."""
         grid_size = [int(g) for g in size.tolist()]
+        # (The kernel is checked once the rows decide it: _use_exact_kernel.)
         return build_grid(
-            bounds, bounds[:0], bounds, grid_size, self.covar_module, self.MAX_DENSE_GRID
+            bounds,
+            bounds[:0],
+            bounds,
+            grid_size,
+            self.covar_module,
+            self.MAX_DENSE_GRID,
+            check_kernel=False,
         )
 
     def _checkpoint_options(self) -> dict[str, Any]:
@@ -257,12 +264,18 @@ class CheckpointStateMixin:
         r"""Evaluate the kernel exactly (on the current grid's inputs) or interpolate it.
 
         Raises:
-            ValueError: For the exact kernel on a grid that grid space can hold.
+            ValueError: For the exact kernel on a grid that grid space can hold, or an
+                interpolated kernel without Kronecker structure on a structured grid.
         """
-        if exact == self.evaluates_kernel_exactly:
-            return
         if not exact:
-            self.interpolation = self.interpolation.grid_interpolation
+            grid = self.interpolation
+            if self.evaluates_kernel_exactly:
+                grid = grid.grid_interpolation
+            if self.structured:
+                check_structured_kernel(self.covar_module, grid, self.MAX_DENSE_GRID)
+            self.interpolation = grid
+            return
+        if self.evaluates_kernel_exactly:
             return
         if not self.structured or self.interpolation.dim < CubicGridInterpolation.FACTORED_FROM_DIM:
             raise ValueError(

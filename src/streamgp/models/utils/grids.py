@@ -94,6 +94,7 @@ def build_grid(
     follow_data: bool = False,
     around_data: bool = False,
     budget_grid: bool = False,
+    check_kernel: bool = True,
 ) -> tuple[CubicGridInterpolation, bool]:
     r"""The grid of an SKI model and whether it is too large for a dense root.
 
@@ -113,6 +114,9 @@ def build_grid(
             :func:`~streamgp.interpolation.grid.data_grid_bounds`).
         budget_grid: The default size spreads the point budget in any ``d`` (a model
             without a data space), never points per unit of extent.
+        check_kernel: Refuse a kernel without Kronecker structure on a structured grid
+            (:func:`check_structured_kernel`); False for a model that may evaluate its
+            kernel exactly instead (it checks once it has decided).
 
     Returns:
         The grid interpolation and ``structured`` (``m > max_dense_grid``).
@@ -142,12 +146,30 @@ def build_grid(
         else grid_size,
     )
     interpolation.check_inside(transformed_X, "train_X")
-    m = interpolation.num_grid
-    structured = m > max_dense_grid
-    if structured and not is_separable(covar_module):
-        raise ValueError(
-            f"A grid of {m} > MAX_DENSE_GRID = {max_dense_grid} points needs a "
-            "Kronecker-structured kernel (RBF or ScaleKernel(RBF)); got "
-            f"{type(covar_module).__name__}. Use a coarser grid_size."
-        )
+    structured = interpolation.num_grid > max_dense_grid
+    if structured and check_kernel:
+        check_structured_kernel(covar_module, interpolation, max_dense_grid)
     return interpolation, structured
+
+
+def check_structured_kernel(
+    covar_module: Kernel, interpolation: CubicGridInterpolation, max_dense_grid: int
+) -> None:
+    r"""Refuse a kernel without Kronecker structure on a grid too large for a dense root.
+
+    Raises:
+        ValueError: Naming the kernel and, by the grid's dimension, the remedy.
+    """
+    if is_separable(covar_module):
+        return
+    remedy = (
+        " From 4-D on, leave grid_size and data_space_limit at their defaults: a WiskiGP "
+        "then evaluates any kernel exactly."
+        if interpolation.dim >= CubicGridInterpolation.FACTORED_FROM_DIM
+        else " Use a coarser grid_size."
+    )
+    raise ValueError(
+        f"A grid of {interpolation.num_grid} > MAX_DENSE_GRID = {max_dense_grid} points needs "
+        "a Kronecker-structured kernel (RBF or ScaleKernel(RBF)); got "
+        f"{type(covar_module).__name__}." + remedy
+    )
