@@ -267,3 +267,26 @@ def test_caches_built_without_checks_have_their_noise_checked_afterwards(model):
         model.posterior(GOOD_X)  # factorised unchecked: NaNs, no error
     with pytest.raises(ValueError, match="noise variance"):
         model.posterior(GOOD_X)
+
+
+def test_the_high_dimensional_warning_comes_once_even_when_bo_refits_every_iteration():
+    """Python's once-per-location registry is cleared by every filter change (BoTorch's
+    fit makes some), so a BO loop rebuilding its model warned every iteration."""
+    from botorch.fit import fit_gpytorch_mll
+    from gpytorch.mlls import ExactMarginalLogLikelihood
+
+    from streamgp.models.utils import grids
+    from streamgp.models.wiski import HighDimensionalGridWarning
+
+    X = torch.rand(12, 7, dtype=DTYPE)
+    Y = X.sum(-1, keepdim=True)
+    grids._WARNED_HIGH_DIMENSIONAL.discard(("WiskiGP", 7))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        for _ in range(3):
+            model = WiskiGP(X, Y)
+            fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
+    high_dim = [w for w in caught if issubclass(w.category, HighDimensionalGridWarning)]
+    assert len(high_dim) == 1 and high_dim[0].filename == __file__
+    with pytest.warns(HighDimensionalGridWarning):  # an "always" filter still sees it
+        WiskiGP(X, Y)

@@ -122,7 +122,6 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -191,6 +190,7 @@ from streamgp.models.utils.grids import (
     build_grid,
     check_structured_kernel,
     default_grid_size,
+    warn_high_dimensional,
 )
 from streamgp.models.utils.observations import ObservationStore
 from streamgp.models.utils.resolution import GridResolutionMixin
@@ -600,7 +600,9 @@ class WiskiGP(
         self._grid_size_option = grid_size
         if interpolation is None:
             if dim >= CubicGridInterpolation.FACTORED_FROM_DIM and grid_size is None:
-                warnings.warn(
+                warn_high_dimensional(
+                    type(self).__name__,
+                    dim,
                     f"WiskiGP on {dim}-D inputs: cubic interpolation on a product grid "
                     f"puts 4^{dim} = {4**dim} weights on every input, so the model stays "
                     "in data space and evaluates its kernel exactly (an exact GP, n x n "
@@ -609,7 +611,6 @@ class WiskiGP(
                     "AdditiveWiskiGP (an additive kernel over groups of at most 3 "
                     "dimensions). A grid_size of at most MAX_DENSE_GRID points in all keeps "
                     "SKI (4^d weights per input); any grid_size silences this warning.",
-                    HighDimensionalGridWarning,
                     stacklevel=2,
                 )
             self.interpolation, self.structured = build_grid(

@@ -11,6 +11,7 @@ model keeps it) and decides whether the grid is too large for a dense root.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -33,13 +34,45 @@ HIGH_DIM_POINTS_PER_UNIT = settings.HIGH_DIM_POINTS_PER_UNIT
 class HighDimensionalGridWarning(UserWarning):
     r"""A product grid in 4 or more dimensions: its updates are not constant in ``n``.
 
-    Raised (once per call site, Python's default) when :class:`WiskiGP` builds its
-    default grid for ``d >= 4`` inputs. Cubic interpolation there puts ``4^d`` weights
-    on every input, so the model stays in data space and evaluates its kernel exactly
-    (``n x n`` matrices: an exact GP, with its costs) instead of folding rows into a grid;
+    Raised once per process and input dimension (see :func:`warn_high_dimensional`)
+    when :class:`WiskiGP` builds its default grid for ``d >= 4`` inputs. Cubic
+    interpolation there puts ``4^d`` weights on every input, so the model stays in data
+    space and evaluates its kernel exactly (``n x n`` matrices: an exact GP, with its
+    costs) instead of folding rows into a grid;
     :class:`~streamgp.models.AdditiveWiskiGP` is the model whose updates stay constant in
     ``n`` in those dimensions. Passing ``grid_size`` states the choice and silences it.
     """
+
+
+#: (model class name, input dimension) pairs already warned about in this process.
+_WARNED_HIGH_DIMENSIONAL: set[tuple[str, int]] = set()
+
+
+def _filter_action(category: type[Warning], message: str) -> str:
+    r"""The action of the first warnings filter that matches ``category`` and ``message``
+    (module and line aside), or ``"default"``."""
+    for action, pattern, filtered, _module, _line in warnings.filters:
+        if issubclass(category, filtered) and (pattern is None or pattern.match(message)):
+            return action
+    return "default"
+
+
+def warn_high_dimensional(model: str, dim: int, message: str, stacklevel: int = 2) -> None:
+    r"""Warn ``message`` (a :class:`HighDimensionalGridWarning`) once per process for
+    ``model`` on ``dim``-D inputs.
+
+    Python's own once-per-location registry is cleared whenever a warnings filter changes,
+    as it does inside every ``fit_gpytorch_mll`` call, so a BO loop that rebuilds its
+    model each iteration would see the warning every iteration. A filter asking for every
+    occurrence (``"always"``, ``"error"``, as ``pytest.warns`` sets) is still honoured.
+    """
+    key = (model, dim)
+    if key in _WARNED_HIGH_DIMENSIONAL and _filter_action(
+        HighDimensionalGridWarning, message
+    ) not in ("always", "error"):
+        return
+    _WARNED_HIGH_DIMENSIONAL.add(key)
+    warnings.warn(message, HighDimensionalGridWarning, stacklevel=stacklevel + 1)
 
 
 def default_grid_size(
