@@ -121,6 +121,43 @@ def test_ax_model_options_reach_the_constructor():
 
 
 @pytest.mark.slow
+def test_a_matern_kernel_from_ax_in_six_dimensions_is_evaluated_exactly():
+    """Ax's ``ModelConfig(covar_module_class=MaternKernel)`` on a 6-D space: the kernel
+    reaches a WiskiGP that evaluates it exactly (a product grid would refuse it)."""
+    from gpytorch.kernels import MaternKernel
+
+    spec = SurrogateSpec(
+        model_configs=[
+            ModelConfig(
+                botorch_model_class=WiskiGP,
+                covar_module_class=MaternKernel,
+                covar_module_options={"nu": 2.5, "ard_num_dims": 6},
+            )
+        ]
+    )
+    strategy = _plain_strategy(WiskiGP)
+    strategy.nodes_by_name["MBM"].generator_specs[0].generator_kwargs["surrogate_spec"] = spec
+    client = Client(random_seed=0)
+    client.configure_experiment(
+        name="sphere6",
+        parameters=[
+            RangeParameterConfig(name=f"x{i}", parameter_type="float", bounds=(0.0, 1.0))
+            for i in range(6)
+        ],
+    )
+    client.configure_optimization(objective="-sphere")
+    client.set_generation_strategy(strategy)
+    for _ in range(NUM_INITIAL + 2):
+        for index, parameters in client.get_next_trials(max_trials=1).items():
+            value = sum((v - 0.3) ** 2 for v in parameters.values())
+            client.complete_trial(trial_index=index, raw_data={"sphere": value})
+    adapter = strategy.nodes_by_name["MBM"].generator_specs[0].fitted_adapter
+    model = adapter.generator.surrogate.model
+    assert isinstance(model.covar_module, MaternKernel) and model.evaluates_kernel_exactly
+    assert model.num_train == NUM_INITIAL + 1
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "model_class, acqf_class",
     [(WiskiGP, None), (OnlineSGPR, None), (WiskiGP, qLogExpectedImprovement)],
