@@ -6,10 +6,15 @@ given to the constructor and frozen; every later batch (``observe``,
 ``Standardize`` this keeps the first batch's mean and scale for the whole stream,
 which is what BoTorch's own ``condition_on_observations`` does.
 :class:`FrozenTransformsMixin` tells BoTorch's ``train`` / ``eval`` hooks so.
+
+An input transform with learnable parameters (BoTorch's ``Warp``) is frozen too: its
+parameters keep their values (``requires_grad`` off) and a
+:class:`FrozenInputTransformWarning` says so, since ``SingleTaskGP`` would learn them.
 """
 
 from __future__ import annotations
 
+import warnings
 from contextlib import contextmanager
 
 import torch
@@ -18,6 +23,30 @@ from botorch.models.transforms.outcome import OutcomeTransform
 from torch import Tensor
 
 from streamgp.models.utils.defaults import _DefaultType, outcome_transform_or_default
+
+
+class FrozenInputTransformWarning(UserWarning):
+    r"""An input transform's learnable parameters (``Warp``'s concentrations, ...) are
+    frozen: the model transforms each observation once, when it arrives, and keeps the
+    result, so a fit cannot move them as ``SingleTaskGP``'s fit does. To learn a warping,
+    fit it with ``SingleTaskGP`` first and pass the fitted transform."""
+
+
+def _freeze_learnable_parameters(model: torch.nn.Module, input_transform: InputTransform) -> None:
+    learnable = [name for name, p in input_transform.named_parameters() if p.requires_grad]
+    if not learnable:
+        return
+    warnings.warn(
+        f"input_transform {type(input_transform).__name__} has learnable parameters "
+        f"({', '.join(learnable)}): {type(model).__name__} transforms each observation once "
+        "and keeps the result, so they stay at their current values (requires_grad is "
+        "turned off). To learn them, fit the transform with SingleTaskGP first and pass "
+        "the fitted one.",
+        FrozenInputTransformWarning,
+        stacklevel=4,
+    )
+    for parameter in input_transform.parameters():
+        parameter.requires_grad_(False)
 
 
 class FrozenTransformsMixin:
@@ -72,6 +101,7 @@ def fit_frozen_transforms(
     """
     tkwargs = {"dtype": train_X.dtype, "device": train_X.device}
     if input_transform is not None:
+        _freeze_learnable_parameters(model, input_transform)
         input_transform.to(**tkwargs)
         with torch.no_grad():
             train_X = input_transform(train_X) if len(train_X) else train_X

@@ -1,0 +1,65 @@
+"""Frozen input transforms (``streamgp.models.utils.transforms``).
+
+A learnable input transform (BoTorch's ``Warp``) cannot be learned by a model that
+transforms each observation once: every model says so, freezes its parameters, and a fit
+leaves them (and the model's rows) consistent.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from botorch.fit import fit_gpytorch_mll
+from botorch.models.transforms.input import Normalize, Warp
+from gpytorch.mlls import ExactMarginalLogLikelihood
+
+from streamgp.models import (
+    AdditiveWiskiGP,
+    DecoupledSVGP,
+    KissGP,
+    LocalGP,
+    OnlineSGPR,
+    OnlineSoftKIGP,
+    OnlineSVGP,
+    SoftKIGP,
+    WiskiGP,
+)
+from streamgp.models.utils.transforms import FrozenInputTransformWarning
+
+DT = torch.float64
+MODELS = [
+    WiskiGP,
+    AdditiveWiskiGP,
+    KissGP,
+    OnlineSGPR,
+    OnlineSVGP,
+    DecoupledSVGP,
+    LocalGP,
+    SoftKIGP,
+    OnlineSoftKIGP,
+]
+
+
+@pytest.mark.parametrize("cls", MODELS, ids=lambda cls: cls.__name__)
+def test_a_learnable_input_transform_is_frozen_with_a_warning(cls):
+    generator = torch.Generator().manual_seed(0)
+    X = torch.rand(30, 2, dtype=DT, generator=generator)
+    Y = torch.sin(6 * X**2).sum(-1, keepdim=True)
+    warp = Warp(d=2, indices=[0, 1]).to(DT)
+    before = [p.detach().clone() for p in warp.parameters()]
+    with pytest.warns(FrozenInputTransformWarning, match=r"Warp has learnable parameters"):
+        model = cls(X, Y, input_transform=warp)
+    assert model.input_transform is warp
+    assert not any(p.requires_grad for p in warp.parameters())
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
+    for p, value in zip(warp.parameters(), before, strict=True):
+        assert torch.equal(p, value)
+
+
+def test_a_transform_without_parameters_does_not_warn():
+    X = torch.rand(10, 2, dtype=DT)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FrozenInputTransformWarning)
+        WiskiGP(X, X.sum(-1, keepdim=True), input_transform=Normalize(d=2))
