@@ -301,3 +301,23 @@ def test_feature_cross_with_one_side_unbatched_equals_the_broadcast_products(bat
         expected_grads = torch.autograd.grad((expected * weights).sum(), (a2, b2))
         for got, want in zip(grads, expected_grads, strict=True):
             torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_a_kernel_on_leading_inputs_is_not_factored_over_every_axis():
+    """An RBF on the first two of three inputs (``active_dims``, scaled or not) is not
+    separable over the three grid axes: its root is gpytorch's kernel on the grid."""
+    from gpytorch.kernels import RBFKernel, ScaleKernel
+
+    from streamgp.linalg.grid_kernel import grid_kernel_root, is_separable
+
+    grid = [torch.linspace(0, 1, g, dtype=DT) for g in (4, 5, 3)]
+    points = torch.cartesian_prod(*grid)
+    for kernel in (
+        RBFKernel(active_dims=torch.tensor([0, 1])),
+        ScaleKernel(RBFKernel(ard_num_dims=2), active_dims=torch.tensor([0, 1])),
+    ):
+        kernel = kernel.to(DT)
+        assert not is_separable(kernel)
+        L = grid_kernel_root(kernel, grid).to_dense()
+        torch.testing.assert_close(L @ L.mT, kernel(points).to_dense(), rtol=1e-8, atol=1e-8)
+    assert is_separable(ScaleKernel(RBFKernel(ard_num_dims=3)))

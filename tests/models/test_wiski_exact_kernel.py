@@ -19,7 +19,7 @@ import torch
 from botorch.models import SingleTaskGP
 from botorch.models.transforms import Normalize
 from gpytorch.constraints import Interval
-from gpytorch.kernels import MaternKernel, ScaleKernel
+from gpytorch.kernels import AdditiveKernel, MaternKernel, ProductKernel, RBFKernel, ScaleKernel
 from gpytorch.mlls import ExactMarginalLogLikelihood
 from oracles import rel_err
 
@@ -254,11 +254,27 @@ def turbo_kernel(d: int) -> ScaleKernel:
     return kernel
 
 
+def kernel_on_subsets(d: int) -> AdditiveKernel:
+    """A sum of kernels on subsets of the inputs (``active_dims``)."""
+    first = ScaleKernel(MaternKernel(nu=1.5, active_dims=torch.arange(2)))
+    return AdditiveKernel(first, RBFKernel(active_dims=torch.arange(2, d))).to(DTYPE)
+
+
+KERNELS = {
+    "matern": turbo_kernel,  # (no Kronecker grid)
+    # An RBF on the first inputs only: not the RBF fast path, which reads all of them.
+    "rbf-on-leading-inputs": lambda d: RBFKernel(active_dims=torch.arange(3)).to(DTYPE),
+    "sum-on-subsets": kernel_on_subsets,
+}
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
 @pytest.mark.parametrize("fixed_noise", [False, True])
-def test_any_kernel_is_singletaskgp_with_the_same_kernel(fixed_noise):
-    """A Matern kernel (no Kronecker grid) from 4-D on: evaluated exactly, the model is
-    SingleTaskGP with that kernel: predictions, the likelihood and its gradient,
-    ``observe``, batched conditioning and checkpoints."""
+def test_any_kernel_is_singletaskgp_with_the_same_kernel(kernel, fixed_noise):
+    """Any kernel from 4-D on: evaluated exactly, the model is SingleTaskGP with that
+    kernel: predictions, the likelihood and its gradient, ``observe``, batched
+    conditioning and checkpoints; its lazy covariance converts as BoTorch's
+    ``ModelListGP`` converts it."""
     d = 6
     X, Y, Yvar = make_data(40, d)
     Yvar = Yvar if fixed_noise else None
@@ -268,7 +284,7 @@ def test_any_kernel_is_singletaskgp_with_the_same_kernel(fixed_noise):
             X[:30],
             Y[:30],
             None if Yvar is None else Yvar[:30],
-            covar_module=turbo_kernel(d),
+            covar_module=KERNELS[kernel](d),
             input_transform=Normalize(d),
         ).eval()
     if Yvar is None:
@@ -288,6 +304,8 @@ def test_any_kernel_is_singletaskgp_with_the_same_kernel(fixed_noise):
     exact.eval()
     Xs = 3 * torch.rand(2, 6, d, dtype=DTYPE) - 1
     assert_same_posterior(model, exact, Xs)
+    covariance = model.posterior(Xs).mvn.lazy_covariance_matrix
+    assert rel_err(covariance.to(DTYPE).to_dense(), covariance.to_dense()) < 1e-15
     Xc, Yc = torch.rand(3, 2, d, dtype=DTYPE), torch.randn(3, 2, 1, dtype=DTYPE)
     noise = {} if Yvar is None else {"noise": torch.full_like(Yc, 0.02)}
     conditioned = model.condition_on_observations(X=Xc, Y=Yc, **noise)
@@ -314,3 +332,39 @@ def test_a_kernel_without_kronecker_structure_on_an_interpolated_grid_is_refused
     X, Y, _ = make_data(20, 4)
     with pytest.raises(ValueError, match="MaternKernel.*leave grid_size and data_space_limit"):
         WiskiGP(X, Y, covar_module=MaternKernel(nu=2.5).to(DTYPE), data_space_limit=10)
+
+
+def test_a_batched_kernel_is_refused_naming_the_model_list():
+    X, Y, _ = make_data(20, 5)
+    kernel = ScaleKernel(MaternKernel(batch_shape=torch.Size([2])), batch_shape=torch.Size([2]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", HighDimensionalGridWarning)
+        with pytest.raises(ValueError, match=r"covar_module has batch_shape \[2\].*ModelListGP"):
+            WiskiGP(X, Y, covar_module=kernel.to(DTYPE))
+
+
+@pytest.mark.parametrize("kernel", ["sum", "product"])
+def test_restandardize_rescales_the_output_scales_inside_sums_and_products(kernel):
+    """With a learned constant mean, ``restandardize`` leaves the model unchanged: the
+    output scales of every term of a sum (one factor of a product) carry the units."""
+    d = 5
+    X, Y, _ = make_data(30, d)
+    parts = (
+        ScaleKernel(MaternKernel(nu=2.5, active_dims=torch.arange(2))),
+        ScaleKernel(RBFKernel(active_dims=torch.arange(2, d))),
+    )
+    covar = (
+        AdditiveKernel(*parts) if kernel == "sum" else ProductKernel(parts[0], parts[1].base_kernel)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", HighDimensionalGridWarning)
+        model = WiskiGP(X[:4], Y[:4], covar_module=covar.to(DTYPE), input_transform=Normalize(d))
+    model.likelihood.noise = 0.03
+    model.observe(X[4:], 3 * Y[4:] + 2)  # far from the first four's standardisation
+    model.eval()
+    Xs = torch.rand(6, d, dtype=DTYPE)
+    before = model.posterior(Xs)
+    model.restandardize()
+    after = model.posterior(Xs)
+    assert rel_err(after.mean, before.mean) < 1e-10
+    assert rel_err(after.variance, before.variance) < 1e-10

@@ -51,7 +51,9 @@ def _constant_copy(module: Kernel, fn: Callable[[Tensor], Tensor] | None = None)
     tensors): a root made without gradients stays at the hyperparameters it was made at."""
     frozen = copy.deepcopy(module)
     if fn is not None:
-        frozen._apply(fn)
+        # Integer buffers (``active_dims``) follow the device only: ``fn`` may be a
+        # dtype cast (a lazy covariance's ``to``).
+        frozen._apply(lambda t: fn(t) if t.is_floating_point() else t.to(fn(t.double()).device))
     for parameter in frozen.parameters():
         parameter.requires_grad_(False)
     return frozen
@@ -180,7 +182,7 @@ class ExactKernelRoot:
     def of(covar_module: Kernel, num_grid: int) -> ExactKernelRoot:
         r"""The root of ``covar_module`` (any gpytorch kernel; RBF and ``ScaleKernel(RBF)``
         on all input dimensions take the fast path)."""
-        if not is_separable(covar_module):
+        if not is_separable(covar_module):  # (a kernel on a subset of inputs is not)
             module = covar_module if torch.is_grad_enabled() else _constant_copy(covar_module)
             return ExactKernelRoot(None, None, num_grid, module)
         scaled = isinstance(covar_module, ScaleKernel)

@@ -108,10 +108,12 @@ def cholesky_with_jitter(K: Tensor, relative_jitter: float | None = None) -> tup
 
 
 def _is_separable(kernel: Kernel) -> bool:
-    """True for kernels that factor over input dimensions (RBF, scaled RBF)."""
-    if kernel.active_dims is not None and not torch.equal(
-        kernel.active_dims.cpu(), torch.arange(len(kernel.active_dims))
-    ):
+    """True for kernels that factor over input dimensions (RBF, scaled RBF) on all of them.
+
+    A kernel on a subset of the inputs (``active_dims``, even a leading one) is not: the
+    Kronecker factors span every grid axis and would read the other inputs too.
+    """
+    if kernel.active_dims is not None:
         return False
     if isinstance(kernel, ScaleKernel):
         return _is_separable(kernel.base_kernel)

@@ -636,6 +636,13 @@ class WiskiGP(
                     self.interpolation = ExactKernelInputs(self.interpolation)
             if self.structured and not self.evaluates_kernel_exactly:
                 check_structured_kernel(self.covar_module, self.interpolation, self.MAX_DENSE_GRID)
+            if self.evaluates_kernel_exactly and self.covar_module.batch_shape:
+                raise ValueError(
+                    f"covar_module has batch_shape {list(self.covar_module.batch_shape)}; a "
+                    "WiskiGP that evaluates its kernel exactly (from 4-D on) takes an "
+                    "unbatched kernel: build one model per output or batch member and "
+                    "combine them in a botorch.models.ModelListGP."
+                )
         else:  # with a dense root: grid sums, or rows while n is small (FACTORY_DATA_SPACE)
             self.interpolation = interpolation(transformed_X, y_all, noise_all)
             self.structured = False

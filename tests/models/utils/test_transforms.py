@@ -51,10 +51,13 @@ def test_a_learnable_input_transform_is_frozen_with_a_warning(cls):
     before = [p.detach().clone() for p in warp.parameters()]
     with pytest.warns(FrozenInputTransformWarning, match=r"Warp has learnable parameters"):
         model = cls(X, Y, input_transform=warp)
-    assert model.input_transform is warp
-    assert not any(p.requires_grad for p in warp.parameters())
+    frozen = model.input_transform
+    assert isinstance(frozen, Warp) and frozen is not warp
+    assert not any(p.requires_grad for p in frozen.parameters())
+    # The caller's transform (maybe a SingleTaskGP's, still learning) is left as it was.
+    assert all(p.requires_grad for p in warp.parameters())
     fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
-    for p, value in zip(warp.parameters(), before, strict=True):
+    for p, value in zip(frozen.parameters(), before, strict=True):
         assert torch.equal(p, value)
 
 

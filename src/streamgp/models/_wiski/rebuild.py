@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from botorch.exceptions.errors import UnsupportedError
 from botorch.models.transforms.outcome import Standardize
-from gpytorch.kernels import ScaleKernel
+from gpytorch.kernels import AdditiveKernel, Kernel, ProductKernel, ScaleKernel
 from gpytorch.means import ConstantMean
 from torch import Tensor
 
@@ -275,5 +275,26 @@ class RebuildMixin:
         return self
 
     def _scale_kernels(self) -> list[ScaleKernel]:
-        r"""The kernels whose output scales carry the targets' units (``restandardize``)."""
-        return [self.covar_module] if isinstance(self.covar_module, ScaleKernel) else []
+        r"""The kernels whose output scales carry the targets' units (``restandardize``):
+        scaling them all by ``c`` scales the whole kernel by ``c`` (none if no set does)."""
+        return _output_scales(self.covar_module) or []
+
+
+def _output_scales(kernel: Kernel) -> list[ScaleKernel] | None:
+    r"""``ScaleKernel``s of ``kernel`` whose output scales, each multiplied by ``c``, multiply
+    ``kernel`` by ``c``: itself, every term's of a sum, one factor's of a product; None
+    when there is no such set (a kernel without an output scale)."""
+    if isinstance(kernel, ScaleKernel):
+        return [kernel]
+    if isinstance(kernel, AdditiveKernel):
+        terms = [_output_scales(term) for term in kernel.kernels]
+        if any(term is None for term in terms):
+            return None
+        unique = {id(scale): scale for term in terms for scale in term}  # (shared terms)
+        return list(unique.values())
+    if isinstance(kernel, ProductKernel):
+        return next(
+            (scales for scales in map(_output_scales, kernel.kernels) if scales is not None),
+            None,
+        )
+    return None

@@ -7,13 +7,14 @@ given to the constructor and frozen; every later batch (``observe``,
 which is what BoTorch's own ``condition_on_observations`` does.
 :class:`FrozenTransformsMixin` tells BoTorch's ``train`` / ``eval`` hooks so.
 
-An input transform with learnable parameters (BoTorch's ``Warp``) is frozen too: its
-parameters keep their values (``requires_grad`` off) and a
+An input transform with learnable parameters (BoTorch's ``Warp``) is frozen too: the
+model keeps a copy with its parameters at their values (``requires_grad`` off) and a
 :class:`FrozenInputTransformWarning` says so, since ``SingleTaskGP`` would learn them.
 """
 
 from __future__ import annotations
 
+import copy
 import warnings
 from contextlib import contextmanager
 
@@ -32,21 +33,27 @@ class FrozenInputTransformWarning(UserWarning):
     fit it with ``SingleTaskGP`` first and pass the fitted transform."""
 
 
-def _freeze_learnable_parameters(model: torch.nn.Module, input_transform: InputTransform) -> None:
+def _frozen_input_transform(
+    model: torch.nn.Module, input_transform: InputTransform
+) -> InputTransform:
+    r"""``input_transform``, or a frozen copy of it if it has learnable parameters (the
+    caller's object is left as it was: it may be a ``SingleTaskGP``'s, still learning)."""
     learnable = [name for name, p in input_transform.named_parameters() if p.requires_grad]
     if not learnable:
-        return
+        return input_transform
     warnings.warn(
         f"input_transform {type(input_transform).__name__} has learnable parameters "
         f"({', '.join(learnable)}): {type(model).__name__} transforms each observation once "
-        "and keeps the result, so they stay at their current values (requires_grad is "
-        "turned off). To learn them, fit the transform with SingleTaskGP first and pass "
-        "the fitted one.",
+        "and keeps the result, so it keeps a copy of the transform with them frozen at "
+        "their current values. To learn them, fit the transform with SingleTaskGP first "
+        "and pass the fitted one.",
         FrozenInputTransformWarning,
         stacklevel=4,
     )
-    for parameter in input_transform.parameters():
+    frozen = copy.deepcopy(input_transform)
+    for parameter in frozen.parameters():
         parameter.requires_grad_(False)
+    return frozen
 
 
 class FrozenTransformsMixin:
@@ -101,7 +108,7 @@ def fit_frozen_transforms(
     """
     tkwargs = {"dtype": train_X.dtype, "device": train_X.device}
     if input_transform is not None:
-        _freeze_learnable_parameters(model, input_transform)
+        input_transform = _frozen_input_transform(model, input_transform)
         input_transform.to(**tkwargs)
         with torch.no_grad():
             train_X = input_transform(train_X) if len(train_X) else train_X
