@@ -44,12 +44,13 @@ from __future__ import annotations
 import argparse
 import platform
 import time
-import traceback
 import warnings
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
 import torch
+from _rows import merge_rows, print_failures, run_recording_failure
 from botorch.acquisition import qLogExpectedImprovement, qLogNoisyExpectedImprovement
 from botorch.acquisition.objective import GenericMCObjective
 from botorch.exceptions import BadInitialCandidatesWarning
@@ -256,46 +257,34 @@ def main() -> None:
     rows: list[dict] = []
     failures: list[str] = []
     for cls, acquisition in runs:
+        name = cls.__name__ if cls is not None else "random"
         for seed in args.seeds:
-            done = len(rows)
-            try:
-                run_loop(cls, acquisition, seed, args.batches, args.noise_se, rows, common)
-            except Exception as error:  # record it and go on with the others
-                name = cls.__name__ if cls is not None else "random"
-                batch = len(rows) - done + 1
-                message = f"{type(error).__name__}: {error}".splitlines()[0][:300]
-                failures.append(f"{name} {acquisition} seed {seed} batch {batch}: {message}")
-                traceback.print_exc()
-                rows.append(
-                    {
-                        "model": name,
-                        "acquisition": acquisition,
-                        "seed": seed,
-                        "batch": batch,
-                        "noise_se": args.noise_se,
-                        "q": BATCH_SIZE,
-                        "error": message,
-                        **common,
-                    }
-                )
+            run_recording_failure(
+                partial(
+                    run_loop, cls, acquisition, seed, args.batches, args.noise_se, rows, common
+                ),
+                f"{name} {acquisition} seed {seed}",
+                {
+                    "model": name,
+                    "acquisition": acquisition,
+                    "seed": seed,
+                    "noise_se": args.noise_se,
+                    "q": BATCH_SIZE,
+                    **common,
+                },
+                "batch",
+                rows,
+                failures,
+            )
 
-    args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "closed_loop.csv"
-    frame = pd.DataFrame(rows)
-    if path.exists() and path.stat().st_size > 0:
-        old = pd.read_csv(path, keep_default_na=False, na_values=[""])
-        frame = pd.concat([old, frame], ignore_index=True)
-        frame = frame.drop_duplicates(subset=KEY, keep="last")
-    frame = frame.sort_values(["machine", "noise_se", "model", "acquisition", "seed", "batch"])
-    frame.to_csv(path, index=False)
+    order = ["machine", "noise_se", "model", "acquisition", "seed", "batch"]
+    frame = merge_rows(rows, path, KEY, order)
     print(f"\nwrote {path} ({len(frame)} rows)\n")
     summary = summarise(frame)
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(summary.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
-    if failures:
-        print("\nfailed:")
-        for line in failures:
-            print(" ", line)
+    print_failures(failures)
 
 
 if __name__ == "__main__":

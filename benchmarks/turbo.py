@@ -46,14 +46,15 @@ import argparse
 import math
 import platform
 import time
-import traceback
 import warnings
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import gpytorch
 import pandas as pd
 import torch
+from _rows import merge_rows, print_failures, run_recording_failure
 from botorch.acquisition import qLogExpectedImprovement
 from botorch.exceptions import BadInitialCandidatesWarning
 from botorch.fit import fit_gpytorch_mll
@@ -272,42 +273,23 @@ def main() -> None:
     failures: list[str] = []
     for seed in args.seeds:
         for name in args.model or list(MODELS):  # models alternate within a seed
-            done = len(rows)
-            try:
-                run_loop(MODELS[name], args.acqf, seed, args.max_evals, rows, common)
-            except Exception as error:  # record it and go on with the others
-                message = f"{type(error).__name__}: {error}".splitlines()[0][:300]
-                failures.append(f"{name} seed {seed}: {message}")
-                traceback.print_exc()
-                rows.append(
-                    {
-                        "model": name,
-                        "acquisition": args.acqf,
-                        "seed": seed,
-                        "iteration": len(rows) - done + 1,
-                        "error": message,
-                        **common,
-                    }
-                )
+            run_recording_failure(
+                partial(run_loop, MODELS[name], args.acqf, seed, args.max_evals, rows, common),
+                f"{name} seed {seed}",
+                {"model": name, "acquisition": args.acqf, "seed": seed, **common},
+                "iteration",
+                rows,
+                failures,
+            )
 
-    args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "turbo.csv"
-    frame = pd.DataFrame(rows)
-    if path.exists() and path.stat().st_size > 0:
-        old = pd.read_csv(path, keep_default_na=False, na_values=[""])
-        frame = pd.concat([old, frame], ignore_index=True)
-        frame = frame.drop_duplicates(subset=KEY, keep="last")
-    frame = frame.sort_values(["machine", "acquisition", "model", "seed", "iteration"])
-    frame.to_csv(path, index=False)
+    frame = merge_rows(rows, path, KEY, ["machine", "acquisition", "model", "seed", "iteration"])
     summary = summarise(frame)
     write_markdown(summary, args.out / "turbo.md")
     print(f"\nwrote {path} ({len(frame)} rows) and turbo.md\n")
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(summary.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
-    if failures:
-        print("\nfailed:")
-        for line in failures:
-            print(" ", line)
+    print_failures(failures)
 
 
 if __name__ == "__main__":

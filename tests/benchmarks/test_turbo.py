@@ -45,3 +45,23 @@ def _initial(turbo):
     X = SobolEngine(turbo.DIM, scramble=True, seed=0).draw(turbo.N_INITIAL).to(turbo.DTYPE)
     Y = turbo.evaluate(X)
     return X, (Y - Y.mean()) / Y.std()
+
+
+def test_a_failed_run_is_recorded_and_rows_merge_by_key(benchmarks_path, tmp_path):
+    from _rows import merge_rows, run_recording_failure
+
+    rows: list[dict] = [{"model": "a", "step": 1, "value": 1.0}]
+    failures: list[str] = []
+
+    def run():
+        rows.extend([{"model": "b", "step": 1, "value": 2.0}, {"model": "b", "step": 2}])
+        raise RuntimeError("diverged\nsecond line")
+
+    run_recording_failure(run, "b seed 0", {"model": "b"}, "step", rows, failures)
+    assert rows[-1] == {"model": "b", "step": 3, "error": "RuntimeError: diverged"}
+    assert failures == ["b seed 0: RuntimeError: diverged"]
+    path = tmp_path / "rows.csv"
+    key = ["model", "step"]
+    merge_rows(rows, path, key, key)
+    frame = merge_rows([{"model": "a", "step": 1, "value": 5.0}], path, key, key)
+    assert len(frame) == 4 and frame.loc[frame["model"] == "a", "value"].tolist() == [5.0]

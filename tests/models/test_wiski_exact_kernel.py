@@ -70,6 +70,23 @@ def assert_same_posterior(model, exact, Xs, tol=1e-10):
     assert rel_err(pw.mvn.covariance_matrix, pe.mvn.covariance_matrix) < tol
 
 
+def assert_same_likelihood_and_gradient(model, exact):
+    """The marginal likelihood and its gradient in every hyperparameter (both put in
+    training mode; the oracle's input transform frozen, as the model's)."""
+    model.train(), exact.train()
+    exact.input_transform.eval()  # (training mode would relearn it)
+    ours = model.compute_custom_loss(ExactMarginalLogLikelihood(model.likelihood, model))
+    mll = ExactMarginalLogLikelihood(exact.likelihood, exact)
+    theirs = -mll(exact(*exact.train_inputs), exact.train_targets)
+    assert abs(ours.item() - theirs.item()) < 1e-10 * abs(theirs.item())
+    params = dict(model.named_parameters())
+    names = [name for name, p in exact.named_parameters() if p.requires_grad]
+    grads = torch.autograd.grad(ours, [params[name] for name in names])
+    ref = torch.autograd.grad(theirs, [dict(exact.named_parameters())[n] for n in names])
+    for name, grad, expected in zip(names, grads, ref, strict=True):
+        assert rel_err(grad, expected) < 1e-8, name
+
+
 @pytest.mark.parametrize("fixed_noise", [False, True])
 @pytest.mark.parametrize("d", [4, 10])
 def test_it_is_singletaskgp_with_the_same_hyperparameters(d, fixed_noise):
@@ -84,19 +101,7 @@ def test_it_is_singletaskgp_with_the_same_hyperparameters(d, fixed_noise):
     # Beyond the data's box too (1.5x its extent): the kernel is defined everywhere.
     Xs = 3 * torch.rand(2, 6, d, dtype=DTYPE) - 1
     assert_same_posterior(model, exact, Xs)
-    # The marginal likelihood and its gradient in every hyperparameter.
-    model.train(), exact.train()
-    exact.input_transform.eval()  # frozen, as the model's (training mode would relearn it)
-    ours = model.compute_custom_loss(ExactMarginalLogLikelihood(model.likelihood, model))
-    mll = ExactMarginalLogLikelihood(exact.likelihood, exact)
-    theirs = -mll(exact(*exact.train_inputs), exact.train_targets)
-    assert abs(ours.item() - theirs.item()) < 1e-10 * abs(theirs.item())
-    params = dict(model.named_parameters())
-    names = [name for name, p in exact.named_parameters() if p.requires_grad]
-    grads = torch.autograd.grad(ours, [params[name] for name in names])
-    ref = torch.autograd.grad(theirs, [dict(exact.named_parameters())[n] for n in names])
-    for name, grad, expected in zip(names, grads, ref, strict=True):
-        assert rel_err(grad, expected) < 1e-8, name
+    assert_same_likelihood_and_gradient(model, exact)
 
 
 def test_batched_conditioning_is_singletaskgps():
@@ -314,18 +319,7 @@ def test_any_kernel_is_singletaskgp_with_the_same_kernel(kernel, fixed_noise):
     restored = copy.deepcopy(model)
     restored.restore(model.checkpoint())
     assert torch.equal(restored.posterior(Xs).mean, model.posterior(Xs).mean)
-    model.train(), exact.train()
-    exact.input_transform.eval()
-    ours = model.compute_custom_loss(ExactMarginalLogLikelihood(model.likelihood, model))
-    mll = ExactMarginalLogLikelihood(exact.likelihood, exact)
-    theirs = -mll(exact(*exact.train_inputs), exact.train_targets)
-    assert abs(ours.item() - theirs.item()) < 1e-10 * abs(theirs.item())
-    params = dict(model.named_parameters())
-    names = [name for name, p in exact.named_parameters() if p.requires_grad]
-    grads = torch.autograd.grad(ours, [params[name] for name in names])
-    ref = torch.autograd.grad(theirs, [dict(exact.named_parameters())[n] for n in names])
-    for name, grad, expected in zip(names, grads, ref, strict=True):
-        assert rel_err(grad, expected) < 1e-8, name
+    assert_same_likelihood_and_gradient(model, exact)
 
 
 def test_a_kernel_without_kronecker_structure_on_an_interpolated_grid_is_refused():

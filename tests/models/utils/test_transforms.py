@@ -12,33 +12,20 @@ import warnings
 import pytest
 import torch
 from botorch.fit import fit_gpytorch_mll
+from botorch.models.model import Model
 from botorch.models.transforms.input import Normalize, Warp
 from gpytorch.mlls import ExactMarginalLogLikelihood
 
-from streamgp.models import (
-    AdditiveWiskiGP,
-    DecoupledSVGP,
-    KissGP,
-    LocalGP,
-    OnlineSGPR,
-    OnlineSoftKIGP,
-    OnlineSVGP,
-    SoftKIGP,
-    WiskiGP,
-)
+import streamgp.models
+from streamgp.models import WiskiGP
 from streamgp.models.utils.transforms import FrozenInputTransformWarning
 
 DT = torch.float64
+#: Every model the package exports (each one a BoTorch model).
 MODELS = [
-    WiskiGP,
-    AdditiveWiskiGP,
-    KissGP,
-    OnlineSGPR,
-    OnlineSVGP,
-    DecoupledSVGP,
-    LocalGP,
-    SoftKIGP,
-    OnlineSoftKIGP,
+    cls
+    for cls in map(lambda name: getattr(streamgp.models, name), streamgp.models.__all__)
+    if isinstance(cls, type) and issubclass(cls, Model)
 ]
 
 
