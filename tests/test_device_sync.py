@@ -28,6 +28,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 from botorch.models.transforms import Normalize, Standardize
+from gpytorch.kernels import MaternKernel, ScaleKernel
 
 from streamgp import AdditiveWiskiGP, WiskiGP
 from streamgp.models.wiski import HighDimensionalGridWarning
@@ -125,8 +126,9 @@ def build_additive(n: int, groups: str | list[list[int]], **tkwargs) -> Additive
     return model
 
 
-def build_exact(n: int, **tkwargs) -> WiskiGP:
-    r"""``WiskiGP`` on 4-D inputs with its default grid: data space, the kernel exact."""
+def build_exact(n: int, matern: bool = False, **tkwargs) -> WiskiGP:
+    r"""``WiskiGP`` on 4-D inputs with its default grid: data space, the kernel exact
+    (its default RBF, or the Matern-5/2 of BoTorch's TuRBO tutorial)."""
     generator = torch.Generator().manual_seed(n)
     bounds = box(4).to(torch.float64)
     U = torch.rand(n, 4, generator=generator, dtype=torch.float64)
@@ -136,11 +138,15 @@ def build_exact(n: int, **tkwargs) -> WiskiGP:
         model = WiskiGP(
             X.to(**tkwargs),
             torch.sin(3 * X).sum(-1, keepdim=True).to(**tkwargs),
+            covar_module=(
+                ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=4)).to(**tkwargs) if matern else None
+            ),
             input_transform=Normalize(4, bounds=bounds.to(**tkwargs)),
             outcome_transform=Standardize(1),
         )
     assert model.evaluates_kernel_exactly
-    model.covar_module.lengthscale = 0.3
+    kernel = model.covar_module
+    (kernel.base_kernel if isinstance(kernel, ScaleKernel) else kernel).lengthscale = 0.3
     model.likelihood.noise = 0.01
     return model
 
@@ -151,6 +157,7 @@ def build_exact(n: int, **tkwargs) -> WiskiGP:
 SINGLE_OUTPUT_MODELS = {
     "data space": lambda **tkwargs: build(30, None, 1, **tkwargs),
     "exact kernel, 4-D": lambda **tkwargs: build_exact(30, **tkwargs),
+    "exact Matern kernel, 4-D": lambda **tkwargs: build_exact(30, matern=True, **tkwargs),
     "grid space": lambda **tkwargs: build(200, 0, 1, **tkwargs),
     "additive, grid space": lambda **tkwargs: build_additive(200, "singletons", **tkwargs),
     "additive pair, data space": lambda **tkwargs: build_additive(20, [[0, 1]], **tkwargs),

@@ -266,7 +266,8 @@ def kernel_on_subsets(d: int) -> AdditiveKernel:
 
 
 KERNELS = {
-    "matern": turbo_kernel,  # (no Kronecker grid)
+    "matern": turbo_kernel,  # (no Kronecker grid; a closed form, without gpytorch's call)
+    "matern-3/2, unscaled": lambda d: MaternKernel(nu=1.5, ard_num_dims=d).to(DTYPE),
     # An RBF on the first inputs only: not the RBF fast path, which reads all of them.
     "rbf-on-leading-inputs": lambda d: RBFKernel(active_dims=torch.arange(3)).to(DTYPE),
     "sum-on-subsets": kernel_on_subsets,

@@ -10,40 +10,83 @@ them with the kernel itself, for the rows of
 its rank-``q`` updates, conditioning (fantasies), the marginal likelihood and
 checkpoints are then those of an exact GP, with the same algebra and code.
 
-Any gpytorch kernel is evaluated. (Scaled) RBF kernels, the default, take a fast path:
-gpytorch's RBF on squared distances formed as ``|a|^2 + |b|^2 - 2 a^T b`` (centred, as
-gpytorch's ``sq_dist``), one matrix product, without gpytorch's lazy kernel call (its
-``torch.equal(x1, x2)`` test is a host read that would synchronise a GPU on every call).
-Every other kernel (Matern, as BoTorch's TuRBO and SCBO tutorials pass, periodic, sums
-and products, ``active_dims``, ...) is evaluated by its own gpytorch call, so its blocks
-are gpytorch's; on a GPU such a call may read the host once (that ``torch.equal``).
+Any gpytorch kernel is evaluated. (Scaled) RBF kernels, the default, and Matern-0.5,
+1.5 and 2.5 kernels (the Matern-5/2 of BoTorch's TuRBO and SCBO tutorials) take a closed
+form: gpytorch's formulas on squared distances formed as ``|a|^2 + |b|^2 - 2 a^T b``
+(centred, as gpytorch's ``sq_dist``), one matrix product, without gpytorch's lazy kernel
+call (its ``torch.equal(x1, x2)`` test is a host read that would synchronise a GPU on
+every call; a Gram matrix is known to be one without it). Every other kernel (periodic,
+sums and products, ``active_dims``, ...) is evaluated by its own gpytorch call, so its
+blocks are gpytorch's; on a GPU such a call may read the host once (that
+``torch.equal``).
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from gpytorch.kernels import Kernel, ScaleKernel
+from gpytorch.kernels import Kernel, MaternKernel, RBFKernel, ScaleKernel
 from gpytorch.kernels.rbf_kernel import postprocess_rbf
 from linear_operator import to_dense
 from torch import Tensor
 
 from streamgp.interpolation.exact import InputRows
-from streamgp.linalg.grid_kernel import is_separable
+
+#: Matern smoothness values with a closed form (gpytorch's ``MaternKernel``'s).
+MATERN_NUS = (0.5, 1.5, 2.5)
 
 
-def _scaled_rbf(a: Tensor, b: Tensor, outputscale: Tensor | None) -> Tensor:
-    r"""``s exp(-|a_i - b_j|^2 / 2)`` of lengthscale-divided inputs ``a`` and ``b``."""
-    shift = a.mean(-2, keepdim=True)  # centred: the cancellation is of |a - b|, not |a|
+def _squared_distances(a: Tensor, b: Tensor) -> Tensor:
+    r"""``|a_i - b_j|^2`` as ``|a|^2 + |b|^2 - 2 a^T b``: one matrix product, centred (the
+    cancellation is of ``|a - b|``, not ``|a|``), as gpytorch's ``sq_dist``."""
+    shift = a.mean(-2, keepdim=True)
     a, b = a - shift, b - shift
     squared = a.square().sum(-1).unsqueeze(-1) + b.square().sum(-1).unsqueeze(-2) - 2.0 * (a @ b.mT)
-    K = postprocess_rbf(squared.clamp_min(0.0))
+    return squared.clamp_min(0.0)
+
+
+def _scaled_kernel(
+    a: Tensor, b: Tensor, outputscale: Tensor | None, nu: float | None, same: bool = False
+) -> Tensor:
+    r"""``s k(a_i, b_j)`` of lengthscale-divided inputs: RBF (``nu`` None) or Matern-``nu``.
+
+    ``same``: ``b`` is ``a`` (a Gram matrix), whose diagonal distances are then exactly
+    zero, as gpytorch makes them when it finds ``x1`` equal to ``x2`` (here known without
+    its host-reading test).
+    """
+    squared = _squared_distances(a, b)
+    if nu is None:
+        K = postprocess_rbf(squared)
+    else:
+        if same:  # (out of place: the distances stay differentiable)
+            squared = squared - torch.diag_embed(squared.diagonal(dim1=-2, dim2=-1))
+        distance = squared.clamp_min(1e-30).sqrt()  # gpytorch's dist (a zero gradient at 0)
+        K = torch.exp(-math.sqrt(2.0 * nu) * distance)
+        if nu == 1.5:
+            K = K * (1.0 + math.sqrt(3.0) * distance)
+        elif nu == 2.5:
+            K = K * (1.0 + math.sqrt(5.0) * distance + (5.0 / 3.0) * distance.square())
     if outputscale is None:
         return K
     return K * (outputscale[..., None, None] if outputscale.dim() else outputscale)
+
+
+def _closed_form(covar_module: Kernel) -> tuple[Kernel, float | None] | None:
+    r"""``(base kernel, nu)`` of an RBF (``nu`` None) or Matern-0.5/1.5/2.5 kernel,
+    optionally inside a ``ScaleKernel``, on all inputs; None for any other kernel
+    (evaluated by its own gpytorch call)."""
+    base = covar_module.base_kernel if isinstance(covar_module, ScaleKernel) else covar_module
+    if covar_module.active_dims is not None or base.active_dims is not None:
+        return None
+    if type(base) is RBFKernel:
+        return base, None
+    if type(base) is MaternKernel and base.nu in MATERN_NUS:
+        return base, float(base.nu)
+    return None
 
 
 def _constant_copy(module: Kernel, fn: Callable[[Tensor], Tensor] | None = None) -> Kernel:
@@ -67,17 +110,19 @@ class ExactKernelFeatures:
     diagonal, batch reshapes) with the kernel evaluated exactly.
 
     Attributes:
-        scaled: ``batch x N x d`` inputs, divided by the lengthscales for the RBF fast
-            path (``module`` None), as they are for any other kernel.
-        outputscale: The RBF kernel's output scale (None for an unscaled kernel, or for
-            a ``module``).
+        scaled: ``batch x N x d`` inputs, divided by the lengthscales for a closed-form
+            kernel (RBF, Matern; ``module`` None), as they are for any other kernel.
+        outputscale: The closed-form kernel's output scale (None for an unscaled kernel,
+            or for a ``module``).
         module: Any other gpytorch kernel, whose own call gives the blocks (None: the
-            RBF fast path).
+            closed form).
+        nu: The Matern smoothness of the closed form (None: RBF).
     """
 
     scaled: Tensor
     outputscale: Tensor | None
     module: Kernel | None = None
+    nu: float | None = None
 
     @property
     def num_rows(self) -> int:
@@ -94,7 +139,7 @@ class ExactKernelFeatures:
             a, b = self.scaled, other.scaled
             batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
             return to_dense(self.module(a, b)).expand(*batch, a.shape[-2], b.shape[-2])
-        return _scaled_rbf(self.scaled, other.scaled, self.outputscale)
+        return _scaled_kernel(self.scaled, other.scaled, self.outputscale, self.nu)
 
     def diag(self) -> Tensor:
         r"""``k(x_i, x_i)`` of every row: ``batch x N``."""
@@ -107,7 +152,9 @@ class ExactKernelFeatures:
 
     def gram(self) -> Tensor:
         r"""The kernel among these rows: ``batch x N x N``."""
-        return self.cross(self)
+        if self.module is not None:
+            return self.cross(self)
+        return _scaled_kernel(self.scaled, self.scaled, self.outputscale, self.nu, same=True)
 
     def row_sq_norms(self) -> Tensor:
         return self.diag()
@@ -140,10 +187,10 @@ class ExactKernelFeatures:
         ``module``'s parameters too, in a constant copy)."""
         scale = None if self.outputscale is None else fn(self.outputscale)
         module = None if self.module is None else _constant_copy(self.module, fn)
-        return ExactKernelFeatures(fn(self.scaled), scale, module)
+        return ExactKernelFeatures(fn(self.scaled), scale, module, self.nu)
 
     def _with(self, scaled: Tensor) -> ExactKernelFeatures:
-        return ExactKernelFeatures(scaled, self.outputscale, self.module)
+        return ExactKernelFeatures(scaled, self.outputscale, self.module, self.nu)
 
 
 @dataclass(frozen=True)
@@ -155,12 +202,13 @@ class ExactKernelRoot:
     posterior), exactly as a :class:`~streamgp.linalg.grid_kernel.GridKernelRoot`.
 
     Attributes:
-        lengthscale: ``1 x d`` lengthscales of an RBF kernel (``batch x 1 x d`` for a
-            batched kernel); None for a ``module``.
-        outputscale: The RBF kernel's output scale, or None (unscaled, or a ``module``).
+        lengthscale: ``1 x d`` lengthscales of a closed-form kernel (RBF, Matern-0.5,
+            1.5 or 2.5; ``batch x 1 x d`` for a batched kernel); None for a ``module``.
+        outputscale: Its output scale, or None (unscaled, or a ``module``).
         num_grid: The points of the grid the model reports (a data-space posterior
             reads it; nothing is interpolated).
-        module: Any other kernel, evaluated by its own gpytorch call (None: RBF).
+        module: Any other kernel, evaluated by its own gpytorch call (None: closed form).
+        nu: The closed form's Matern smoothness (None: RBF).
 
     Example:
         >>> from gpytorch.kernels import MaternKernel, RBFKernel, ScaleKernel
@@ -177,19 +225,19 @@ class ExactKernelRoot:
     outputscale: Tensor | None
     num_grid: int
     module: Kernel | None = None
+    nu: float | None = None
 
     @staticmethod
     def of(covar_module: Kernel, num_grid: int) -> ExactKernelRoot:
-        r"""The root of ``covar_module`` (any gpytorch kernel; RBF and ``ScaleKernel(RBF)``
-        on all input dimensions take the fast path)."""
-        if not is_separable(covar_module):  # (a kernel on a subset of inputs is not)
+        r"""The root of ``covar_module`` (any gpytorch kernel; RBF and Matern-0.5, 1.5
+        and 2.5, scaled or not, on all input dimensions take the closed form)."""
+        closed_form = _closed_form(covar_module)
+        if closed_form is None:
             module = covar_module if torch.is_grad_enabled() else _constant_copy(covar_module)
             return ExactKernelRoot(None, None, num_grid, module)
-        scaled = isinstance(covar_module, ScaleKernel)
-        base = covar_module.base_kernel if scaled else covar_module
-        return ExactKernelRoot(
-            base.lengthscale, covar_module.outputscale if scaled else None, num_grid
-        )
+        base, nu = closed_form
+        scale = covar_module.outputscale if isinstance(covar_module, ScaleKernel) else None
+        return ExactKernelRoot(base.lengthscale, scale, num_grid, nu=nu)
 
     @property
     def batch_shape(self) -> torch.Size:
@@ -198,7 +246,8 @@ class ExactKernelRoot:
         return self.lengthscale.shape[:-2]
 
     def features(self, rows: InputRows) -> ExactKernelFeatures:
-        r"""The features of ``rows`` (for RBF, their inputs over the lengthscales)."""
+        r"""The features of ``rows`` (for a closed form, their inputs over the
+        lengthscales)."""
         if self.module is not None:
             return ExactKernelFeatures(rows.inputs, None, self.module)
-        return ExactKernelFeatures(rows.inputs / self.lengthscale, self.outputscale)
+        return ExactKernelFeatures(rows.inputs / self.lengthscale, self.outputscale, nu=self.nu)
