@@ -62,14 +62,14 @@ def _scaled_kernel(
     if nu is None:
         K = postprocess_rbf(squared)
     else:
-        if same:  # (out of place: the distances stay differentiable)
-            squared = squared - torch.diag_embed(squared.diagonal(dim1=-2, dim2=-1))
+        if same:  # (in place: clamp_min's backward reads its input, not this output)
+            squared.diagonal(dim1=-2, dim2=-1).zero_()
         distance = squared.clamp_min(1e-30).sqrt()  # gpytorch's dist (a zero gradient at 0)
         K = torch.exp(-math.sqrt(2.0 * nu) * distance)
         if nu == 1.5:
             K = K * (1.0 + math.sqrt(3.0) * distance)
         elif nu == 2.5:
-            K = K * (1.0 + math.sqrt(5.0) * distance + (5.0 / 3.0) * distance.square())
+            K = K * (1.0 + math.sqrt(5.0) * distance + (5.0 / 3.0) * squared)
     if outputscale is None:
         return K
     return K * (outputscale[..., None, None] if outputscale.dim() else outputscale)
