@@ -14,8 +14,10 @@ over the repeats of the mean time per step, its fit and acquisition parts, and t
 the exact GP's).
 
 Usage: ``python benchmarks/bo_step_replay.py [--functions levy10] [--seeds 0 1]
-[--models exact wiski wiski-additive] [--add]`` (``--add`` keeps the results file's rows of
-the functions and seeds not replayed now, e.g. to add seeds finished since).
+[--models exact wiski wiski-additive] [--add] [--table-of wiski=DIR]`` (``--add`` keeps the
+results file's rows of the functions and seeds not replayed now, e.g. to add seeds finished
+since; ``--table-of MODEL=DIR`` reads that model's runs from another table, such as the
+re-run of the ``wiski`` column in ``results/bo_high_dim_exact_kernel``).
 """
 
 from __future__ import annotations
@@ -113,6 +115,13 @@ def main() -> None:
     parser.add_argument("--table", type=Path, default=HERE / "results" / "bo_high_dim")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "bo_high_dim")
     parser.add_argument(
+        "--table-of",
+        nargs="+",
+        default=[],
+        metavar="MODEL=DIR",
+        help="read MODEL's runs from the table in DIR instead of --table",
+    )
+    parser.add_argument(
         "--add",
         action="store_true",
         help="keep the results file's other (function, seed) rows, e.g. for seeds finished since",
@@ -120,12 +129,18 @@ def main() -> None:
     args = parser.parse_args()
     if "exact" not in args.models:
         raise ValueError("--models must include 'exact', the reference of the ratios.")
+    tables = {model: args.table for model in args.models}
+    for entry in args.table_of:
+        model, _, directory = entry.partition("=")
+        if model not in tables or not directory:
+            raise ValueError(f"--table-of {entry!r}: expected MODEL=DIR with MODEL in --models.")
+        tables[model] = Path(directory)
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     rows = []
     for spec in args.functions:
         for seed in args.seeds:
-            checkpoints = {m: checkpoint_of(args.table, spec, m, seed) for m in args.models}
+            checkpoints = {m: checkpoint_of(tables[m], spec, m, seed) for m in args.models}
             if any(path is None for path in checkpoints.values()):
                 missing = [m for m, path in checkpoints.items() if path is None]
                 print(f"{spec} seed {seed}: no finished run of {missing}; skipped", flush=True)
