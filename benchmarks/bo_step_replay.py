@@ -59,6 +59,22 @@ def checkpoint_of(table: Path, spec: str, model: str, seed: int) -> Path | None:
     return paths[0] if paths else None
 
 
+def tables_of(models: list[str], table: Path, entries: list[str]) -> dict[str, Path]:
+    r"""Each model's table: ``table``, or ``DIR`` for a ``MODEL=DIR`` entry.
+
+    Example:
+        >>> tables_of(["exact", "wiski"], Path("a"), ["wiski=b"])
+        {'exact': PosixPath('a'), 'wiski': PosixPath('b')}
+    """
+    tables = dict.fromkeys(models, table)
+    for entry in entries:
+        model, _, directory = entry.partition("=")
+        if model not in tables or not directory:
+            raise ValueError(f"--table-of {entry!r}: expected MODEL=DIR with MODEL in --models.")
+        tables[model] = Path(directory)
+    return tables
+
+
 def replay(spec: str, model: str, seed: int, checkpoint: Path, steps: int) -> dict:
     r"""Load the run's checkpoint, run ``steps`` more steps, return their mean times."""
     function, dim = parse_function(spec)
@@ -129,12 +145,7 @@ def main() -> None:
     args = parser.parse_args()
     if "exact" not in args.models:
         raise ValueError("--models must include 'exact', the reference of the ratios.")
-    tables = {model: args.table for model in args.models}
-    for entry in args.table_of:
-        model, _, directory = entry.partition("=")
-        if model not in tables or not directory:
-            raise ValueError(f"--table-of {entry!r}: expected MODEL=DIR with MODEL in --models.")
-        tables[model] = Path(directory)
+    tables = tables_of(args.models, args.table, args.table_of)
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     rows = []

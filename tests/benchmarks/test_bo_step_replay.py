@@ -15,3 +15,13 @@ def test_a_replay_continues_the_run_and_leaves_its_checkpoint_alone(tmp_path, sh
     assert result["n_start"] == 12 + 2 * 3 and result["steps"] == 1
     assert result["s_per_step"] > 0 and result["acquisition_s_per_step"] > 0
     assert checkpoint.read_bytes() == before
+
+
+def test_a_models_runs_can_come_from_another_table(benchmarks_path, tmp_path):
+    import pytest
+    from bo_step_replay import tables_of
+
+    tables = tables_of(["exact", "wiski"], tmp_path, [f"wiski={tmp_path / 'rerun'}"])
+    assert tables == {"exact": tmp_path, "wiski": tmp_path / "rerun"}
+    with pytest.raises(ValueError, match="--table-of 'softki=x'"):
+        tables_of(["exact", "wiski"], tmp_path, ["softki=x"])
