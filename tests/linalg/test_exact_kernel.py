@@ -18,8 +18,10 @@ from streamgp.linalg.exact_kernel import ExactKernelRoot
 DTYPE = torch.float64
 
 
-def kernel(scaled: bool):
-    base = RBFKernel(ard_num_dims=5).to(DTYPE)
+def kernel(scaled: bool, nu: float | None = None):
+    """An ARD RBF kernel (``nu`` None) or Matern-``nu`` kernel on 5 inputs, maybe scaled."""
+    base = RBFKernel(ard_num_dims=5) if nu is None else MaternKernel(nu=nu, ard_num_dims=5)
+    base = base.to(DTYPE)
     base.lengthscale = torch.tensor([0.2, 0.4, 0.6, 0.8, 1.0], dtype=DTYPE)
     if not scaled:
         return base
@@ -69,20 +71,10 @@ def test_a_root_made_without_gradients_is_constant():
     assert not root.features(InputRows(X, 0)).gram().requires_grad
 
 
-def matern(nu: float, scaled: bool):
-    base = MaternKernel(nu=nu, ard_num_dims=5).to(DTYPE)
-    base.lengthscale = torch.tensor([0.3, 0.5, 0.7, 0.9, 1.1], dtype=DTYPE)
-    if not scaled:
-        return base
-    k = ScaleKernel(base).to(DTYPE)
-    k.outputscale = 1.3
-    return k
-
-
 @pytest.mark.parametrize("scaled", [True, False])
 @pytest.mark.parametrize("nu", [0.5, 1.5, 2.5])
 def test_matern_kernels_take_the_closed_form_and_are_gpytorchs(nu, scaled):
-    root = assert_blocks_and_gradients_are_gpytorchs(matern(nu, scaled))
+    root = assert_blocks_and_gradients_are_gpytorchs(kernel(scaled, nu))
     assert root.module is None and root.nu == nu
 
 

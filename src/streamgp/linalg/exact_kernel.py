@@ -89,14 +89,19 @@ def _closed_form(covar_module: Kernel) -> tuple[Kernel, float | None] | None:
     return None
 
 
-def _constant_copy(module: Kernel, fn: Callable[[Tensor], Tensor] | None = None) -> Kernel:
+def _constant_copy(
+    module: Kernel,
+    fn: Callable[[Tensor], Tensor] | None = None,
+    device: torch.device | None = None,
+) -> Kernel:
     r"""A copy of ``module`` with its parameters constant (and ``fn`` applied to its
-    tensors): a root made without gradients stays at the hyperparameters it was made at."""
+    floating-point tensors, its integer ones moved to ``device``): a root made without
+    gradients stays at the hyperparameters it was made at."""
     frozen = copy.deepcopy(module)
     if fn is not None:
         # Integer buffers (``active_dims``) follow the device only: ``fn`` may be a
         # dtype cast (a lazy covariance's ``to``).
-        frozen._apply(lambda t: fn(t) if t.is_floating_point() else t.to(fn(t.double()).device))
+        frozen._apply(lambda t: fn(t) if t.is_floating_point() else t.to(device))
     for parameter in frozen.parameters():
         parameter.requires_grad_(False)
     return frozen
@@ -185,9 +190,10 @@ class ExactKernelFeatures:
     def apply(self, fn) -> ExactKernelFeatures:
         r"""Apply a tensor function (``to``, ``detach``, ...) to the tensors (a
         ``module``'s parameters too, in a constant copy)."""
+        scaled = fn(self.scaled)
         scale = None if self.outputscale is None else fn(self.outputscale)
-        module = None if self.module is None else _constant_copy(self.module, fn)
-        return ExactKernelFeatures(fn(self.scaled), scale, module, self.nu)
+        module = None if self.module is None else _constant_copy(self.module, fn, scaled.device)
+        return ExactKernelFeatures(scaled, scale, module, self.nu)
 
     def _with(self, scaled: Tensor) -> ExactKernelFeatures:
         return ExactKernelFeatures(scaled, self.outputscale, self.module, self.nu)

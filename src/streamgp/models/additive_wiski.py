@@ -465,6 +465,3 @@ class AdditiveWiskiGP(WiskiGP):
 
     def _checkpoint_options(self) -> dict[str, Any]:
         return {**super()._checkpoint_options(), "groups": self.groups}
-
-    def _scale_kernels(self) -> list[ScaleKernel]:
-        return [part for part in self.covar_module.kernels if isinstance(part, ScaleKernel)]
