@@ -53,3 +53,21 @@ def test_a_transform_without_parameters_does_not_warn():
     with warnings.catch_warnings():
         warnings.simplefilter("error", FrozenInputTransformWarning)
         WiskiGP(X, X.sum(-1, keepdim=True), input_transform=Normalize(d=2))
+
+
+@pytest.mark.parametrize("cls", MODELS, ids=lambda cls: cls.__name__)
+def test_a_fit_does_not_refit_an_unbounded_normalize(cls):
+    # BoTorch's mll closure passes the stored (already transformed) inputs through
+    # ``transform_inputs`` in train mode; an unbounded Normalize would re-learn its bounds
+    # from them (the unit cube) and every later prediction would be off.
+    generator = torch.Generator().manual_seed(1)
+    X = -3 + 8 * torch.rand(30, 2, dtype=DT, generator=generator)
+    Y = 100 + 10 * torch.sin(X).sum(-1, keepdim=True)
+    model = cls(X, Y, input_transform=Normalize(d=2))
+    state = {k: v.clone() for k, v in model.input_transform.state_dict().items()}
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
+    model.train()
+    assert not model.input_transform.training
+    for key, value in model.input_transform.state_dict().items():
+        assert torch.equal(value, state[key]), key
+    assert torch.allclose(model.input_transform(X).amin(0), torch.zeros(2, dtype=DT))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import warnings
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from botorch.models.transforms.input import InputTransform
@@ -66,6 +67,18 @@ class FrozenTransformsMixin:
     only transformed data, if any, so there is nothing to swap. List this mixin before
     ``GPyTorchModel`` in the bases.
     """
+
+    def train(self, mode: bool = True) -> Any:
+        # A transform in train mode re-learns from whatever it is given: BoTorch's mll
+        # closure calls ``transform_inputs`` on the stored (already transformed) inputs,
+        # which would re-fit an unbounded ``Normalize`` to the unit cube. Frozen
+        # transforms therefore stay in eval mode whatever the model's mode.
+        super().train(mode)  # type: ignore[misc]
+        for name in ("input_transform", "outcome_transform"):
+            transform = getattr(self, name, None)
+            if isinstance(transform, torch.nn.Module):
+                transform.eval()
+        return self
 
     def _set_transformed_inputs(self) -> None:
         pass
