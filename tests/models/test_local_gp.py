@@ -304,3 +304,27 @@ def test_no_conditioning_and_an_empty_posterior():
         local.condition_on_observations(X[:2], Y[:2])
     posterior = local.posterior(X[:0])
     assert posterior.mean.shape == (0, 1) and posterior.variance.shape == (0, 1)
+
+
+def test_fantasize_is_refused_with_the_same_message():
+    # qKnowledgeGradient / qNegIntegratedPosteriorVariance call fantasize directly.
+    X, Y = _data(20)
+    local = LocalGP(X, Y, w_gen=0.5, n_max=8)
+    with pytest.raises(NotImplementedError, match="LocalGP has no condition_on_observations"):
+        local.fantasize(X[:2])
+
+
+def test_joint_posterior_gradients_are_finite_where_an_expert_weight_underflows():
+    # Two far-apart experts and a short lengthscale: near one of them the other's weight
+    # underflows to exactly 0, where sqrt's slope is infinite (NaN in q > 1 gradients).
+    local, _, _, _ = _two_region_model(num_nearest=2)
+    local.covar_module.base_kernel.lengthscale = 0.02
+    local.eval()
+    X_q = torch.tensor([[0.05], [0.06]], dtype=DT, requires_grad=True)
+    covariance = local.posterior(X_q).mvn.covariance_matrix
+    (gradient,) = torch.autograd.grad(covariance.sum(), X_q)
+    assert gradient.isfinite().all()
+    # ... and it is the true gradient (here only the near expert contributes).
+    assert torch.autograd.gradcheck(
+        lambda X: local.posterior(X).mvn.covariance_matrix, (X_q.detach().clone().requires_grad_(),)
+    )

@@ -343,7 +343,8 @@ class LocalGP(CachedPosteriorMixin, StreamingModelMixin, FrozenTransformsMixin, 
         top, index = similarity.topk(min(self.num_nearest, self.num_local_models), dim=-1)
         total = top.sum(-1, keepdim=True)
         # Far from every centre all similarities underflow: average the top M evenly.
-        weights = torch.where(total > 0, top / total.clamp_min(1e-300), 1.0 / top.shape[-1])
+        tiny = torch.finfo(X.dtype).tiny  # 1e-300 would round to 0 in float32
+        weights = torch.where(total > 0, top / total.clamp_min(tiny), 1.0 / top.shape[-1])
         # Only those models are evaluated: K_Xk[..., i, m, :] = k(x_i, X_k), k = index[i, m].
         X_points = X[..., None, None, :].expand(*index.shape, 1, X.shape[-1])
         mask = self._mask()[index]  # batch x q x M x n_max
@@ -353,7 +354,9 @@ class LocalGP(CachedPosteriorMixin, StreamingModelMixin, FrozenTransformsMixin, 
         V = _solve_selected(L, index, K_Xk)  # L_k^{-1} k(X_k, x_i)
         # Sigma_ij sums, over the models k that x_i and x_j both use,
         # sqrt(v_k(x_i) v_k(x_j)) (k(x_i, x_j) - V_ik . V_jk): pairs of slots (m, p).
-        root = weights.clamp_min(0).sqrt()
+        # A weight that underflows to 0 would give sqrt's infinite slope (and NaN
+        # gradients in q > 1 acquisitions): its root is 0 with a zero gradient.
+        root = torch.where(weights > 0, weights.clamp_min(tiny).sqrt(), 0.0)
         shared = index[..., :, None, :, None] == index[..., None, :, None, :]
         pair_weights = shared * root[..., :, None, :, None] * root[..., None, :, None, :]
         inner = torch.einsum("...imn,...jpn->...ijmp", V, V)
@@ -367,13 +370,15 @@ class LocalGP(CachedPosteriorMixin, StreamingModelMixin, FrozenTransformsMixin, 
         Raises:
             NotImplementedError: Always, naming the alternatives.
         """
-        raise NotImplementedError(
-            "LocalGP has no condition_on_observations (and so no fantasize): its local "
-            "experts are not one Gaussian process. Absorb data with observe() (on a copy, "
-            "copy.deepcopy(model).observe(X, Y), to keep the original), or use a model with "
-            "exact conditioning (WiskiGP, KissGP, OnlineSVGP, SoftKIGP) for acquisition "
-            "functions that fantasize (qKnowledgeGradient, qNegIntegratedPosteriorVariance)."
-        )
+        raise NotImplementedError(_NO_CONDITIONING)
+
+    def fantasize(self, X: Tensor, sampler: Any = None, **kwargs: Any) -> LocalGP:
+        r"""Not available, as :meth:`condition_on_observations` (which it would use).
+
+        Raises:
+            NotImplementedError: Always, naming the alternatives.
+        """
+        raise NotImplementedError(_NO_CONDITIONING)
 
     def observe(self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None) -> LocalGP:
         r"""Insert new observations in place, in arrival order.
@@ -395,6 +400,15 @@ class LocalGP(CachedPosteriorMixin, StreamingModelMixin, FrozenTransformsMixin, 
         X_t, Y_t, _ = transform_new_data(self, X, Y)
         self._insert(X_t, Y_t.squeeze(-1))
         return self
+
+
+_NO_CONDITIONING = (
+    "LocalGP has no condition_on_observations (and so no fantasize): its local "
+    "experts are not one Gaussian process. Absorb data with observe() (on a copy, "
+    "copy.deepcopy(model).observe(X, Y), to keep the original), or use a model with "
+    "exact conditioning (WiskiGP, KissGP, OnlineSVGP, SoftKIGP) for acquisition "
+    "functions that fantasize (qKnowledgeGradient, qNegIntegratedPosteriorVariance)."
+)
 
 
 def _solve_selected(L: Tensor, index: Tensor, rhs: Tensor, chunk: int = 64) -> Tensor:
