@@ -322,3 +322,47 @@ def test_constrained_qlognei_without_a_feasible_point(name):
         )
     new_X, value = optimize_acqf(acqf, BOUNDS, q=2, num_restarts=2, raw_samples=16)
     assert new_X.shape == (2, 3) and torch.isfinite(value)
+
+
+@pytest.mark.parametrize("name", [n for n in FACTORIES if n != "LocalGP"])
+def test_model_list_condition_on_observations_conditions_every_member(name):
+    # BoTorch's ModelListGP.condition_on_observations outcome-transforms the targets
+    # itself and calls gpytorch's get_fantasy_model on every member.
+    X = torch.rand(15, 3, dtype=DTYPE)
+    Y = torch.cat(_problem(X), dim=-1)
+    members = [_build(name, X, Y[:, [i]]) for i in range(2)]
+    model_list = ModelListGP(*members).eval()
+    X_new = torch.rand(2, 4, 3, dtype=DTYPE)  # a batch, as fantasies have
+    Y_new = torch.rand(2, 4, 2, dtype=DTYPE)
+    conditioned = model_list.condition_on_observations([X_new, X_new], Y_new)
+    X_test = torch.rand(5, 3, dtype=DTYPE)
+    with torch.no_grad():
+        got = conditioned.posterior(X_test)
+        for i, member in enumerate(members):
+            expected = member.condition_on_observations(X_new, Y_new[..., [i]]).posterior(X_test)
+            assert torch.allclose(got.mean[..., i], expected.mean[..., 0], atol=1e-10)
+            assert torch.allclose(got.variance[..., i], expected.variance[..., 0], atol=1e-10)
+
+
+@pytest.mark.parametrize("known_noise", [False, True])
+def test_model_list_condition_on_observations_equals_single_task_gp_from_4d_on(known_noise):
+    from botorch.models import SingleTaskGP
+
+    X = torch.rand(20, 4, dtype=DTYPE)
+    Y = torch.stack([X.sum(-1), X.prod(-1)], dim=-1)
+    Yvar = torch.full_like(Y[:, :1], 1e-3) if known_noise else None
+    exact = ModelListGP(*[SingleTaskGP(X, Y[:, [i]], Yvar) for i in range(2)])
+    wiski = ModelListGP(*[WiskiGP(X, Y[:, [i]], Yvar) for i in range(2)])
+    wiski.load_state_dict(exact.state_dict(), strict=False)
+    exact.eval(), wiski.eval()
+    X_new, X_test = torch.rand(3, 4, dtype=DTYPE), torch.rand(5, 4, dtype=DTYPE)
+    Y_new = torch.rand(3, 2, dtype=DTYPE)
+    # ModelListGP takes the noise in the targets' units and transforms it with them.
+    noise = {"noise": torch.full_like(Y_new, 2e-3)} if known_noise else {}
+    exact.posterior(X_test)  # SingleTaskGP needs a prediction before conditioning
+    with torch.no_grad():
+        expected = exact.condition_on_observations([X_new, X_new], Y_new, **noise)
+        got = wiski.condition_on_observations([X_new, X_new], Y_new, **noise)
+        expected, got = expected.posterior(X_test), got.posterior(X_test)
+    assert torch.allclose(got.mean, expected.mean.squeeze(0), atol=1e-9)
+    assert torch.allclose(got.variance, expected.variance.squeeze(0), atol=1e-9)

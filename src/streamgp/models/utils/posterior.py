@@ -94,6 +94,42 @@ class PosteriorMixin:
         r"""The homoskedastic noise variance (outcome-transformed space; differentiable)."""
         return self.likelihood.noise.reshape(())
 
+    def get_fantasy_model(
+        self, inputs: Tensor, targets: Tensor, noise: Tensor | None = None, **kwargs: Any
+    ) -> Any:
+        r"""gpytorch's conditioning hook, as BoTorch's ``ModelListGP`` calls it.
+
+        ``ModelListGP.condition_on_observations`` outcome-transforms each member's
+        targets itself and passes them here without their output dimension; this undoes
+        the transform and calls the model's own ``condition_on_observations``.
+
+        Args:
+            inputs: ``batch_shape x q x d`` inputs (original space).
+            targets: ``batch_shape x q`` targets, outcome-transformed (BoTorch's
+                ``Standardize`` in eval mode may have added a leading unit dimension).
+            noise: Optional ``batch_shape x q`` noise variances (outcome-transformed).
+
+        Returns:
+            The model conditioned on ``(inputs, targets)``.
+        """
+        if self.num_outputs != 1:
+            raise NotImplementedError(
+                "A multi-output model in a ModelListGP cannot be conditioned through "
+                "ModelListGP.condition_on_observations; call the model's own "
+                "condition_on_observations with a q x m Y."
+            )
+        Y = targets.unsqueeze(-1)
+        while Y.dim() > inputs.dim() and Y.shape[0] == 1:
+            Y = Y.squeeze(0)
+        if noise is not None:
+            noise = noise.unsqueeze(-1)
+            while noise.dim() > inputs.dim() and noise.shape[0] == 1:
+                noise = noise.squeeze(0)
+        outcome_transform = getattr(self, "outcome_transform", None)
+        if outcome_transform is not None:
+            Y, _ = outcome_transform.untransform(Y)
+        return self.condition_on_observations(inputs, Y, noise=noise, **kwargs)
+
     def posterior(
         self,
         X: Tensor,
