@@ -108,6 +108,26 @@ def _extends(new: Any, old: Any) -> bool:
     return same and (old.Yvar is None or torch.equal(new.Yvar[:n], old.Yvar))
 
 
+def _restandardize(model: Any) -> None:
+    r"""Re-estimate a kept model's ``Standardize`` from every observation before a refit.
+
+    The transform was fitted on the trials the model was built from (often the Sobol
+    ones); the trials absorbed since can lie many of its standard deviations away, and a
+    fit in those units finds a degenerate model. Ax's ``Surrogate`` rebuilds (and so
+    re-standardises) at every generation; the package's loops call ``restandardize``
+    before every refit (:func:`streamgp.models.registry.refit_marginal_likelihood`).
+    Only models that can do it exactly: ``restandardize()``, one output, learned noise.
+    """
+    if (
+        callable(getattr(model, "restandardize", None))
+        and isinstance(getattr(model, "outcome_transform", None), Standardize)
+        and model.num_outputs == 1
+        and not getattr(model, "fixed_noise", True)
+        and getattr(model, "num_train", 0) > 1
+    ):
+        model.restandardize()
+
+
 class StreamingSurrogate(Surrogate):
     r"""An Ax ``Surrogate`` whose streamgp models absorb new trials instead of being rebuilt.
 
@@ -116,7 +136,9 @@ class StreamingSurrogate(Surrogate):
     per outcome: if the model built before can ``observe`` and the new dataset extends
     the old one row for row, only the new rows are absorbed, and the hyperparameters are
     refitted (Ax's ``fit_botorch_model``, i.e. ``fit_gpytorch_mll``) once ``refit_every``
-    trials have been absorbed since the last fit. Anything else (first generation,
+    trials have been absorbed since the last fit (after re-estimating the outcome's
+    ``Standardize`` from every trial, where the model has ``restandardize``, as Ax's
+    rebuilt models are re-standardised). Anything else (first generation,
     changed old rows, a state dict from cross-validation) builds and fits the model as
     Ax's ``Surrogate`` does.
 
@@ -180,6 +202,7 @@ class StreamingSurrogate(Surrogate):
                     dataset=dataset,
                     search_space_digest=search_space_digest,
                 )
+                _restandardize(model)
                 fit_botorch_model(model, mll_class=config.mll_class, mll_options=config.mll_options)
                 self.num_refits += 1
                 since = 0
