@@ -657,3 +657,19 @@ def test_the_default_grid_keeps_its_budget_in_four_dimensions():
     X_f = torch.rand(2, 4, dtype=DTYPE, generator=generator)
     fantasy = model.condition_on_observations(X_f, target(X_f[:, :2]))
     assert fantasy.posterior(X[:3]).mean.shape == (3, 1)
+
+
+def test_inputs_above_four_dimensions_are_refused_naming_wiskigp():
+    # Each row's cubic stencil is 4^d grid points: in 6-D its statistics need 16^6
+    # products per observation (a 40-point Hartmann-6 model ran out of memory).
+    X = torch.rand(10, 5, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"at most 4-D inputs. In 5-D use WiskiGP"):
+        KissGP(X, X.sum(-1, keepdim=True))
+
+
+def test_four_dimensional_inputs_warn_naming_wiskigp():
+    from streamgp.models.utils.grids import HighDimensionalGridWarning
+
+    X = torch.rand(10, 4, dtype=torch.float64)
+    with pytest.warns(HighDimensionalGridWarning, match="KissGP in 4-D.*use WiskiGP"):
+        KissGP(X, X.sum(-1, keepdim=True))

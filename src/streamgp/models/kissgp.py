@@ -157,7 +157,7 @@ from streamgp.models.utils import (
 )
 from streamgp.models.utils.defaults import DEFAULT, _DefaultType, mean_module_or_default
 from streamgp.models.utils.fixed_noise import bind_row_noise, concat_rows
-from streamgp.models.utils.grids import build_grid
+from streamgp.models.utils.grids import build_grid, warn_high_dimensional
 from streamgp.models.utils.resolution import GridResolutionMixin
 from streamgp.settings import exact_prior_variance as exact_prior_variance_setting
 from streamgp.settings import skip_value_checks
@@ -210,6 +210,34 @@ class SKIKernel(GridInterpolationKernel):
         if len(factors) == 1:
             return DenseLinearOperator(factors[0])
         return KroneckerProductLinearOperator(*factors)  # first factor slowest, as W
+
+
+#: The most input dimensions ``KissGP`` accepts: each row's cubic stencil has ``4^d``
+#: grid points, so its statistics hold ``16^d`` products per observation (about a
+#: million in 5-D, 17 million in 6-D: 5.4 GB at n = 40).
+MAX_DIM = 4
+
+
+def _check_dimension(dim: int) -> None:
+    r"""Refuse ``dim > MAX_DIM``; warn (once) in 4-D, where a row costs ``16^4`` products."""
+    advice = (
+        "use WiskiGP, which from 4-D on evaluates its kernel exactly (SingleTaskGP's "
+        "numbers, with O(n^2) updates), or AdditiveWiskiGP for an additive kernel."
+    )
+    if dim > MAX_DIM:
+        raise ValueError(
+            f"KissGP interpolates each of its {dim}-D inputs onto 4^{dim} grid points, so "
+            f"every observation costs 16^{dim} = {16**dim:,} products (memory and time): "
+            f"it supports at most {MAX_DIM}-D inputs. In {dim}-D " + advice
+        )
+    if dim == MAX_DIM:
+        warn_high_dimensional(
+            "KissGP",
+            dim,
+            f"KissGP in {dim}-D: each observation costs 16^{dim} = {16**dim:,} grid products "
+            "in every statistic, and every prediction re-reads all of them; " + advice,
+            stacklevel=3,
+        )
 
 
 class KissGP(
@@ -362,6 +390,7 @@ class KissGP(
                 "SKIKernel (gpytorch's GridInterpolationKernel reverses ARD dimensions)."
             )
         dim = train_X.shape[-1]
+        _check_dimension(dim)
         tkwargs = {"dtype": train_X.dtype, "device": train_X.device}
         if train_Yvar is not None:
             likelihood = FixedNoiseGaussianLikelihood(noise=train_Yvar.squeeze(-1))
