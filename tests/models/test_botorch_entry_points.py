@@ -366,3 +366,16 @@ def test_model_list_condition_on_observations_equals_single_task_gp_from_4d_on(k
         expected, got = expected.posterior(X_test), got.posterior(X_test)
     assert torch.allclose(got.mean, expected.mean.squeeze(0), atol=1e-9)
     assert torch.allclose(got.variance, expected.variance.squeeze(0), atol=1e-9)
+
+
+@pytest.mark.parametrize("name", list(FACTORIES))
+def test_subset_output_of_the_one_output_is_an_independent_copy(name):
+    X = torch.rand(12, 3, dtype=DTYPE)
+    model = _build(name, X, _problem(X)[0]).eval()
+    subset = model.subset_output([0])
+    assert subset is not model and type(subset) is type(model)
+    X_test = torch.rand(4, 3, dtype=DTYPE)
+    with torch.no_grad():
+        assert torch.allclose(subset.posterior(X_test).mean, model.posterior(X_test).mean)
+    with pytest.raises(ValueError, match=r"idcs must"):
+        model.subset_output([1])

@@ -1,8 +1,9 @@
 """The shared input checks of the public boundary."""
 
 import pytest
+import torch
 
-from streamgp.utils.validation import check_count
+from streamgp.utils.validation import check_count, check_targets
 
 
 @pytest.mark.parametrize(
@@ -60,3 +61,10 @@ def test_model_argument_checks_name_the_argument():
     check_kernel(RBFKernel())
     with pytest.raises(TypeError, match="covar_module must be a gpytorch Kernel, got str"):
         check_kernel("rbf")
+
+
+def test_several_target_columns_for_a_single_output_model_name_model_list_gp():
+    with pytest.raises(ValueError, match=r"got \(5, 2\)\. For several outputs .* ModelListGP"):
+        check_targets(torch.zeros(5, 2), "train_Y", 5)
+    with pytest.raises(ValueError, match=r"got \(5,\)\.$"):
+        check_targets(torch.zeros(5), "train_Y", 5)

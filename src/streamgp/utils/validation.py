@@ -97,7 +97,13 @@ def check_targets(
             raise ValueError(f"{name} must have shape n x k (k outputs), got {tuple(Y.shape)}.")
     elif Y.dim() < 2 or Y.shape[-1] != num_outputs:
         layout = "n x 1 (single output)" if num_outputs == 1 else f"n x {num_outputs}"
-        raise ValueError(f"{name} must have shape {layout}, got {tuple(Y.shape)}.")
+        hint = ""
+        if num_outputs == 1 and Y.dim() >= 2 and Y.shape[-1] > 1:
+            hint = (
+                " For several outputs build one model per output and combine them in "
+                "BoTorch's ModelListGP (WiskiGP up to 3-D also takes n x m targets)."
+            )
+        raise ValueError(f"{name} must have shape {layout}, got {tuple(Y.shape)}.{hint}")
     if Y.shape[-2] != num_points:
         raise ValueError(f"{name} has {Y.shape[-2]} rows but the inputs have {num_points} points.")
     if not batch_ok and Y.dim() != 2:

@@ -23,6 +23,7 @@ References:
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -93,6 +94,23 @@ class PosteriorMixin:
     def noise_variance(self) -> Tensor:
         r"""The homoskedastic noise variance (outcome-transformed space; differentiable)."""
         return self.likelihood.noise.reshape(())
+
+    def subset_output(self, idcs: list[int]) -> Any:
+        r"""BoTorch's ``subset_output`` for a single-output model: a copy of it.
+
+        Args:
+            idcs: ``[0]`` (or ``[-1]``), the only output.
+
+        Returns:
+            An independent copy of the model, as ``SingleTaskGP`` returns one.
+        """
+        idcs = list(idcs)
+        if self.num_outputs != 1 or idcs not in ([0], [-1]):
+            raise ValueError(
+                f"idcs must select the one output of this single-output "
+                f"{type(self).__name__} ([0]), got {idcs}."
+            )
+        return copy.deepcopy(self)
 
     def get_fantasy_model(
         self, inputs: Tensor, targets: Tensor, noise: Tensor | None = None, **kwargs: Any
