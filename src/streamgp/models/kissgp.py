@@ -66,6 +66,10 @@ per update, unlike WISKI's ``O(m^2 q)``. :meth:`KissGP.condition_on_observations
 (:class:`~streamgp.linalg.woodbury.LowRankCorrection`), exact and batched over
 fantasy samples.
 
+Dimensions. Every statistic holds ``16^d`` products per observation, so
+``KissGP`` takes at most ``MAX_DIM`` (4) input dimensions and warns in 4-D; from 4-D
+on :class:`~streamgp.models.WiskiGP` evaluates its kernel exactly instead.
+
 Transforms, as in :class:`~streamgp.models.WiskiGP`: an ``input_transform`` and an
 ``outcome_transform`` (default ``Standardize``, as ``SingleTaskGP``'s) are fitted once on
 the constructor's data and then frozen.
