@@ -38,3 +38,9 @@ __all__ = [
     "registered_models",
     "unregister_model",
 ]
+
+from streamgp.models.utils.pathwise import register_pathwise_sampling  # noqa: E402  isort: skip
+
+register_pathwise_sampling(
+    WiskiGP, (KissGP, LocalGP, OnlineSGPR, OnlineSVGP, DecoupledSVGP, SoftKIGP)
+)
