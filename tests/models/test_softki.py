@@ -42,9 +42,13 @@ def make_data(n, d=2, noise=0.05, dtype=DTYPE):
 
 
 def make_model(X, Y, Z, lengthscale=0.3, noise=0.01, temperature=0.1, **kwargs):
-    """A zero-mean SoftKIGP on raw targets (what the dense oracles compute) unless told."""
+    """A zero-mean SoftKIGP on raw targets (what the dense oracles compute) unless told.
+
+    Without the exact prior variance (tested on its own): the oracles are the SoftKI GP.
+    """
     kwargs.setdefault("outcome_transform", None)
     kwargs.setdefault("mean_module", ZeroMean())
+    kwargs.setdefault("exact_prior_variance", False)
     kernel = ScaleKernel(RBFKernel(ard_num_dims=X.shape[-1])).to(X)
     kernel.outputscale = 1.3
     kernel.base_kernel.lengthscale = lengthscale
@@ -534,9 +538,10 @@ def test_fixed_temperature_and_noise_stay_fixed_through_both_fits():
     assert torch.equal(model.temperature, temperature)
     assert torch.equal(model.noise_variance, noise)
     assert not torch.allclose(model.covar_module.lengthscale, lengthscale)  # the rest learns
-    # The default is unchanged: both are learned, by both fits.
-    default = SoftKIGP(X, Y, num_inducing=12, temperature=0.2, noise=1e-3)
+    # Both are learned, by both fits, when asked to (the noise by default).
+    default = SoftKIGP(X, Y, num_inducing=12, temperature=0.2, noise=1e-3, learn_temperature=True)
     assert default.learn_temperature and default.learn_noise
+    assert not SoftKIGP(X, Y, num_inducing=12).learn_temperature  # the paper's fixed T
     default.fit(num_epochs=3, batch_size=20, lr=0.05, seed=0)
     after_adam = default.temperature.clone(), default.noise_variance.clone()
     assert after_adam[0] != temperature and after_adam[1] != noise
@@ -587,7 +592,10 @@ def _nll(model, X, Y):
 def test_small_fixed_noise_warns_and_its_variances_are_too_small():
     X, Y = make_data(400, d=3, noise=0.3)
     Xt, Yt = make_data(400, d=3, noise=0.3)
-    paper = SoftKIGP(X, Y, num_inducing=32, noise=1e-3, learn_noise=False)
+    # The SoftKI posterior alone: the exact prior variance hides part of the problem.
+    paper = SoftKIGP(
+        X, Y, num_inducing=32, noise=1e-3, learn_noise=False, exact_prior_variance=False
+    )
     with pytest.warns(
         SmallFixedNoiseWarning, match=r"fixed noise variance 0.001 is \d+x below"
     ) as w:
@@ -625,7 +633,9 @@ def test_small_fixed_noise_warns_and_its_variances_are_too_small():
 def test_calibrate_noise_sets_the_residual_mean_square_and_repairs_the_nll():
     X, Y = make_data(400, d=3, noise=0.3)
     Xt, Yt = make_data(400, d=3, noise=0.3)
-    model = SoftKIGP(X, Y, num_inducing=32, noise=1e-3, learn_noise=False)
+    model = SoftKIGP(
+        X, Y, num_inducing=32, noise=1e-3, learn_noise=False, exact_prior_variance=False
+    )
     model.fit(num_epochs=5, batch_size=100, lr=0.02, seed=0, check_noise=False)
     # Oracle: the residuals at the training inputs, in the standardised units of the noise.
     with torch.no_grad():
@@ -697,3 +707,115 @@ def test_fit_gpytorch_mll_caps_lbfgsb_unless_told(monkeypatch):
         optimizer_kwargs={"step_limit": 3},
     )
     assert not torch.equal(model.covar_module.lengthscale, before)
+
+
+# ------------------------------------------------ calibration and the exact prior variance
+def test_exact_prior_variance_adds_the_interpolants_missing_variance():
+    """The covariance is the SoftKI posterior's plus diag(k(x, x) - w^T K_zz w) (K_zz with
+    the factorisation's jitter), for conditioned models too; the setting switches it off."""
+    from streamgp.settings import exact_prior_variance
+
+    X, Y = make_data(40, d=2)
+    Z = torch.rand(10, 2, dtype=DTYPE)
+    model = make_model(X, Y, Z, exact_prior_variance=True)
+    Xs = torch.rand(2, 6, 2, dtype=DTYPE)
+    _, covar, _ = dense_oracle(model, X, Y.squeeze(-1), Xs)
+    with torch.no_grad():
+        K = model.covar_module(Z).to_dense()
+        K = K + cholesky_with_jitter(K)[1] * torch.eye(len(K), dtype=DTYPE)
+        W = model.weights(Xs).values
+        missing = (model.covar_module(Xs, diag=True) - ((W @ K) * W).sum(-1)).clamp_min(0)
+    assert missing.min() > 1e-3  # between the points the interpolant's variance falls short
+    posterior = model.posterior(Xs)
+    torch.testing.assert_close(
+        posterior.covariance_matrix, covar + torch.diag_embed(missing), atol=1e-8, rtol=0
+    )
+    with exact_prior_variance(False):
+        torch.testing.assert_close(model.posterior(Xs).covariance_matrix, covar, atol=1e-8, rtol=0)
+    # A conditioned model adds the same diagonal to its own (smaller) posterior covariance.
+    X_new, Y_new = make_data(3, d=2)
+    conditioned = model.condition_on_observations(X_new, Y_new)
+    with exact_prior_variance(False):
+        without = conditioned.posterior(Xs).covariance_matrix
+    torch.testing.assert_close(
+        conditioned.posterior(Xs).covariance_matrix,
+        without + torch.diag_embed(missing),
+        atol=1e-8,
+        rtol=0,
+    )
+    with pytest.raises(TypeError, match="exact_prior_variance"):
+        SoftKIGP(X, Y, exact_prior_variance=1)
+
+
+def _calibration(model, Xt, Yt):
+    with torch.no_grad():
+        posterior = model.posterior(Xt)
+        z2 = (Yt - posterior.mean).square() / posterior.variance
+    return z2.mean().item(), (z2 < 1.96**2).double().mean().item()
+
+
+def test_default_fit_gpytorch_mll_is_calibrated_like_single_task_gp():
+    """BoTorch's defaults (learned noise, m = min(512, n) learned points) gave test
+    variances 100-10,000x too small: here mean z^2 2,666 and 9% of the test points in
+    the 95% intervals, now 1.65 and 92% (SingleTaskGP: 0.93 and 96%)."""
+    generator = torch.Generator().manual_seed(0)
+    X = torch.rand(40, 3, dtype=DTYPE, generator=generator)
+    Xt = torch.rand(200, 3, dtype=DTYPE, generator=generator)
+    f = lambda X: 10 * torch.sin(4 * X).sum(-1, keepdim=True)  # noqa: E731
+    model = SoftKIGP(X, f(X))
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
+    mean_z2, coverage = _calibration(model, Xt, f(Xt))
+    assert mean_z2 < 5 and coverage > 0.8
+
+
+# ------------------------------------------------ warm start (BoTorch's closed loop)
+@pytest.mark.parametrize("change", [3, -2])
+def test_warm_start_adopts_the_learned_points_of_another_size(change):
+    """Rebuilt on n + 3 (or n - 2) points, the default m = min(512, n) differs from the
+    fitted model's; loading its state takes its points and hyperparameters, as a model
+    built with those points and loaded without resizing does, and no cache is stale."""
+    torch.manual_seed(0)
+    X, Y = make_data(15, d=2)
+    old = SoftKIGP(X[:10], Y[:10])
+    fit_gpytorch_mll(
+        ExactMarginalLogLikelihood(old.likelihood, old),
+        optimizer_kwargs={"options": {"maxiter": 20}},
+    )
+    X_b, Y_b = X[: 10 + change], Y[: 10 + change]
+    Xs = torch.rand(6, 2, dtype=DTYPE)
+    new = SoftKIGP(X_b, Y_b)
+    before = new.posterior(Xs).mean  # builds the caches of the 10 + change points
+    result = new.load_state_dict(old.state_dict())
+    assert result.missing_keys == [] and result.unexpected_keys == []  # torch's result
+    assert new.num_inducing == 10 and torch.equal(new.inducing_points, old.inducing_points)
+    points = old.inducing_points.detach().clone()
+    direct = SoftKIGP(X_b, Y_b, inducing_points=points)
+    direct.load_state_dict(old.state_dict())
+    a, b = new.posterior(Xs), direct.posterior(Xs)
+    assert not torch.allclose(a.mean, before)
+    torch.testing.assert_close(a.mean, b.mean, atol=1e-12, rtol=0)
+    torch.testing.assert_close(a.variance, b.variance, atol=1e-12, rtol=0)
+    # The data and transforms are the new model's own.
+    assert torch.equal(new.train_y_t, direct.train_y_t) and len(new.train_X_t) == 10 + change
+    # It keeps learning: the points are parameters of the new size.
+    fit_gpytorch_mll(
+        ExactMarginalLogLikelihood(new.likelihood, new),
+        optimizer_kwargs={"options": {"maxiter": 5}},
+    )
+    assert new.inducing_points.shape == (10, 2)
+
+
+def test_warm_start_keeps_strict_semantics():
+    X, Y = make_data(12, d=2)
+    state = SoftKIGP(X[:10], Y[:10]).state_dict()
+    with pytest.raises(RuntimeError, match="Unexpected key"):
+        SoftKIGP(X, Y).load_state_dict({**state, "extra": torch.zeros(1)})
+    missing = {k: v for k, v in state.items() if k != "covar_module.raw_lengthscale"}
+    with pytest.raises(RuntimeError, match="Missing key"):
+        SoftKIGP(X, Y).load_state_dict(missing)
+    model = SoftKIGP(X, Y)
+    result = model.load_state_dict({**state, "extra": torch.zeros(1)}, strict=False)
+    assert result.unexpected_keys == ["extra"] and model.num_inducing == 10
+    # Points of another input dimension are not resized: torch reports the mismatch.
+    with pytest.raises(RuntimeError, match="size mismatch for inducing_points"):
+        SoftKIGP(X, Y).load_state_dict({**state, "inducing_points": torch.zeros(10, 3)})

@@ -466,6 +466,9 @@ class OnlineSoftKIGP(WiskiGP):
             num_inducing=num_inducing,
             inducing_points=inducing_points,
             temperature=temperature,
+            # Pretraining learns the temperature with the points, as before SoftKIGP's
+            # default fixed it (OnlineSoftKIGP's calibration was measured with it).
+            learn_temperature=True,
             squared_distance=squared_distance,
             seed=seed,
         )
