@@ -50,6 +50,12 @@ FACTORIES = {
         X, Y, num_inducing=8, pretrain_epochs=2, **kw
     ),
 }
+#: State kept from the receiving model's data but re-optimised for the loaded
+#: hyperparameters (tested in test_osvgp.py and test_svdgp.py).
+REOPTIMISED_AFTER_WARM_START = {
+    "OnlineSVGP": ("model.variational_strategy._variational_distribution.",),
+    "DecoupledSVGP": ("mean_weights", "covar_root"),
+}
 LEARNED_NOISE_ONLY = ["OnlineSGPR", "OnlineSVGP", "DecoupledSVGP", "LocalGP", "SoftKIGP"]
 
 
@@ -235,6 +241,8 @@ def test_warm_start_loads_hyperparameters_and_keeps_the_data(name):
         if _is_data(new, key):
             if name == "OnlineSGPR" and key.startswith("pseudo_"):
                 continue  # its last batch is re-absorbed at the loaded values (next test)
+            if key.startswith(REOPTIMISED_AFTER_WARM_START.get(name, ())):
+                continue  # its q is re-set to its optimum at the loaded hyperparameters
             assert torch.equal(state[key], own_data[key]), key
         else:
             assert torch.equal(state[key], value), key
