@@ -738,6 +738,19 @@ def test_observe_keeps_a_fitted_model_and_q_at_its_optimum():
     assert (after - Y[31:]).abs().max() < 0.5 * (before - Y[31:]).abs().max()
 
 
+def test_closed_form_q_false_keeps_the_papers_first_order_steps():
+    # The WISKI paper's O-SVGP baseline (its streaming protocol): beta-weighted Adam steps
+    # on q itself, so q leaves the closed-form optimum after an observe.
+    X, Y = _sines(33, seed=0)
+    model = OnlineSVGP(X[:30], Y[:30], num_init_steps=20, closed_form_q=False)
+    model.observe(X[30:], Y[30:])
+    m, _ = model.optimal_variational_parameters()
+    dist = model.model.variational_strategy._variational_distribution
+    assert rel_err(dist.variational_mean, m) > 1e-3
+    with pytest.raises(ValueError, match="closed_form_q"):
+        OnlineSVGP(X, Y, closed_form_q=1)
+
+
 def test_warm_start_reproduces_the_model_on_its_data_and_adapts_to_more():
     """BoTorch's closed loop: rebuild on all data, load the old state_dict. q(u) was this
     model's own, whitened under other hyperparameters (test RMSE 25.8 vs 0.72)."""

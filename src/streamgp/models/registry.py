@@ -834,6 +834,7 @@ def _stream_osvgp(X, Y, Yvar, *, protocol, reuse, beta) -> Model:
         # The paper's learned constant from zero (the protocol standardised the data).
         mean_module=ConstantMean(),
         beta=beta,
+        closed_form_q=False,  # the paper's first-order steps on the beta-weighted bound
         num_steps=1,
         num_init_steps=protocol["pretrain_steps"],
         lr=protocol["pretrain_lr"],
@@ -889,6 +890,9 @@ def _stream_svdgp(
         outcome_transform=None,
     )
     model.optimizer_kwargs = {"lr": protocol["lr"]}
+    # After the constructor's closed-form warm start, the paper's first-order steps on
+    # (a, L) at each arrival (holds_optimum off), as the protocol's figures were measured.
+    model.warm_start = False
     return model
 
 
