@@ -747,7 +747,7 @@ def test_closed_form_q_false_keeps_the_papers_first_order_steps():
     m, _ = model.optimal_variational_parameters()
     dist = model.model.variational_strategy._variational_distribution
     assert rel_err(dist.variational_mean, m) > 1e-3
-    with pytest.raises(ValueError, match="closed_form_q"):
+    with pytest.raises(TypeError, match="closed_form_q must be a bool"):
         OnlineSVGP(X, Y, closed_form_q=1)
 
 
