@@ -24,6 +24,7 @@ from oracles.variational import (
     svgp_predictive,
     titsias_optimum,
 )
+from sines_helpers import fit_briefly, held_out_rmse, sines
 
 from streamgp.models import OnlineSVGP
 from streamgp.models.osvgp import FrozenPosterior
@@ -698,36 +699,18 @@ def test_a_model_that_predicted_can_be_deep_copied_and_the_copy_predicts_the_sam
 
 
 # ------------------------------------------- a converged model, and warm starts
-def _sines(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sweep's 2-D problem: targets around 100 with a standard deviation near 10."""
-    X = torch.rand(n, 2, dtype=DT, generator=torch.Generator().manual_seed(seed))
-    return X, 100 + 10 * torch.sin(8 * X).sum(-1, keepdim=True)
-
-
-def _fit_briefly(model: OnlineSVGP) -> None:
-    """fit_gpytorch_mll, capped (a fast test; the fit is near its optimum)."""
-    mll = ExactMarginalLogLikelihood(model.likelihood, model)
-    fit_gpytorch_mll(mll, optimizer_kwargs={"options": {"maxiter": 40}})
-
-
-def _test_rmse(model) -> float:
-    X, Y = _sines(100, seed=1)
-    with torch.no_grad():
-        return (model.posterior(X).mean - Y).pow(2).mean().sqrt().item()
-
-
 def test_observe_keeps_a_fitted_model_and_q_at_its_optimum():
     """A small batch after fit_gpytorch_mll: Adam's steps on q moved every coordinate by
     about lr whatever its gradient (test RMSE 0.76 -> 1.26 on three points); q is now
     Bui et al.'s closed form, also with no optimizer steps (which ignored the batch)."""
-    X, Y = _sines(33, seed=0)
+    X, Y = sines(33, seed=0)
     model = OnlineSVGP(X[:30], Y[:30], num_init_steps=20)
-    _fit_briefly(model)
-    fitted = _test_rmse(model)
+    fit_briefly(model)
+    fitted = held_out_rmse(model)
     for batch, num_steps in [(slice(30, 33), None), (slice(0, 1), None), (slice(30, 31), 0)]:
         stream = copy.deepcopy(model)
         stream.observe(X[batch], Y[batch], num_steps=num_steps)
-        assert _test_rmse(stream) < 1.05 * fitted
+        assert held_out_rmse(stream) < 1.05 * fitted
         m, R = stream.optimal_variational_parameters()
         dist = stream.model.variational_strategy._variational_distribution
         assert rel_err(dist.variational_mean, m) < 1e-10
@@ -741,7 +724,7 @@ def test_observe_keeps_a_fitted_model_and_q_at_its_optimum():
 def test_closed_form_q_false_keeps_the_papers_first_order_steps():
     # The WISKI paper's O-SVGP baseline (its streaming protocol): beta-weighted Adam steps
     # on q itself, so q leaves the closed-form optimum after an observe.
-    X, Y = _sines(33, seed=0)
+    X, Y = sines(33, seed=0)
     model = OnlineSVGP(X[:30], Y[:30], num_init_steps=20, closed_form_q=False)
     model.observe(X[30:], Y[30:])
     m, _ = model.optimal_variational_parameters()
@@ -754,18 +737,18 @@ def test_closed_form_q_false_keeps_the_papers_first_order_steps():
 def test_warm_start_reproduces_the_model_on_its_data_and_adapts_to_more():
     """BoTorch's closed loop: rebuild on all data, load the old state_dict. q(u) was this
     model's own, whitened under other hyperparameters (test RMSE 25.8 vs 0.72)."""
-    X, Y = _sines(33, seed=0)
+    X, Y = sines(33, seed=0)
     old = OnlineSVGP(X[:30], Y[:30], num_init_steps=20)
-    _fit_briefly(old)
+    fit_briefly(old)
     same = OnlineSVGP(X[:30], Y[:30], num_init_steps=20)
     same.load_state_dict(old.state_dict())
     # The learned inducing points are fitted parameters: taken, whatever their number.
     assert torch.equal(same.inducing_points, old.inducing_points)
-    X_test = _sines(20, seed=1)[0]
+    X_test = sines(20, seed=1)[0]
     with torch.no_grad():
         p, ref = same.posterior(X_test), old.posterior(X_test)
     assert rel_err(p.mean, ref.mean) < 1e-8 and rel_err(p.variance, ref.variance) < 1e-6
     more = OnlineSVGP(X, Y, num_init_steps=20)
     more.load_state_dict(old.state_dict())
-    assert _test_rmse(more) < 1.1 * _test_rmse(old)
+    assert held_out_rmse(more) < 1.1 * held_out_rmse(old)
     assert more.num_observed == 33  # the receiving model's data are kept

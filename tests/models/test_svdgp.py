@@ -25,6 +25,7 @@ from gpytorch.models import ApproximateGP
 from gpytorch.variational import CholeskyVariationalDistribution, UnwhitenedVariationalStrategy
 from oracles import hyperparameter_vector, rel_err
 from oracles.svdgp import svgp_elbo, svgp_parameters_from_decoupled
+from sines_helpers import fit_briefly, held_out_rmse, sines
 
 from streamgp.linalg.decoupled import (
     decoupled_covariance,
@@ -769,36 +770,18 @@ def test_a_checkpoint_from_before_the_unit_restores():
 
 
 # ------------------------------------------- a converged model, and warm starts
-def _sines(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sweep's 2-D problem: targets around 100 with a standard deviation near 10."""
-    X = torch.rand(n, 2, dtype=DT, generator=torch.Generator().manual_seed(seed))
-    return X, 100 + 10 * torch.sin(8 * X).sum(-1, keepdim=True)
-
-
-def _fit_briefly(model: DecoupledSVGP) -> None:
-    """fit_gpytorch_mll, capped (a fast test; the fit is near its optimum)."""
-    mll = ExactMarginalLogLikelihood(model.likelihood, model)
-    fit_gpytorch_mll(mll, optimizer_kwargs={"options": {"maxiter": 40}})
-
-
-def _test_rmse(model) -> float:
-    X, Y = _sines(100, seed=1)
-    with torch.no_grad():
-        return (model.posterior(X).mean - Y).pow(2).mean().sqrt().item()
-
-
 def test_observe_keeps_a_fitted_model_and_a_l_at_their_optimum():
     """A small batch after fit_gpytorch_mll: Adam's steps on a moved every coordinate by
     about the step size whatever its gradient, and a multiplies an ill-conditioned
     K_alpha (test RMSE 0.85 -> 10.4 on three points, 21.6 on one duplicate point)."""
-    X, Y = _sines(43, seed=0)
+    X, Y = sines(43, seed=0)
     model = DecoupledSVGP(X[:40], Y[:40], num_init_steps=20)
-    _fit_briefly(model)
-    fitted = _test_rmse(model)
+    fit_briefly(model)
+    fitted = held_out_rmse(model)
     for batch in [slice(40, 43), slice(0, 1)]:
         stream = copy.deepcopy(model)
         stream.observe(X[batch], Y[batch])
-        assert _test_rmse(stream) < 1.1 * fitted
+        assert held_out_rmse(stream) < 1.1 * fitted
         weights, root = stream.mean_weights.clone(), stream.covar_root.clone()
         stream._set_optimal_parameters(stream._replay_X, stream._replay_y, stream.num_observed)
         assert torch.equal(stream.mean_weights, weights)
@@ -808,16 +791,16 @@ def test_observe_keeps_a_fitted_model_and_a_l_at_their_optimum():
 def test_warm_start_reproduces_the_model_on_its_data_and_adapts_to_more():
     """BoTorch's closed loop: rebuild on all data, load the old state_dict. (a, L) were
     this model's own, fitted under other hyperparameters (test RMSE 12.7 vs 0.75)."""
-    X, Y = _sines(43, seed=0)
+    X, Y = sines(43, seed=0)
     old = DecoupledSVGP(X[:40], Y[:40], num_init_steps=20)
-    _fit_briefly(old)
+    fit_briefly(old)
     same = DecoupledSVGP(X[:40], Y[:40], num_init_steps=20)
     same.load_state_dict(old.state_dict())
-    X_test = _sines(20, seed=1)[0]
+    X_test = sines(20, seed=1)[0]
     with torch.no_grad():
         p, ref = same.posterior(X_test), old.posterior(X_test)
     assert rel_err(p.mean, ref.mean) < 1e-8 and rel_err(p.variance, ref.variance) < 1e-6
     more = DecoupledSVGP(X, Y, num_init_steps=20)
     more.load_state_dict(old.state_dict())
-    assert _test_rmse(more) < 1.1 * _test_rmse(old)
+    assert held_out_rmse(more) < 1.1 * held_out_rmse(old)
     assert more.num_observed == 43  # the receiving model's data are kept
