@@ -39,8 +39,5 @@ __all__ = [
     "unregister_model",
 ]
 
-from streamgp.models.utils.pathwise import register_pathwise_sampling  # noqa: E402  isort: skip
-
-register_pathwise_sampling(
-    WiskiGP, (KissGP, LocalGP, OnlineSGPR, OnlineSVGP, DecoupledSVGP, SoftKIGP)
-)
+# After the models: registers BoTorch's pathwise samplers for them.
+import streamgp.models.pathwise  # noqa: E402, F401  isort: skip

@@ -16,7 +16,8 @@ exact-GP sampler applies unchanged (registered here for it: the dispatchers sele
 ``ExactGP``, which a streamgp model is not). Every other streamgp model (and a
 ``WiskiGP`` that interpolates its kernel on a grid, whose posterior is SKI's, not the
 exact kernel's) is refused with an error naming what works: BoTorch's joint posterior
-samples (``MaxPosteriorSampling``), which every model supports.
+samples (``MaxPosteriorSampling``), which every model supports. Importing
+:mod:`streamgp.models` registers all of this with BoTorch's dispatchers.
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ from typing import Any
 from botorch.sampling.pathwise.posterior_samplers import DrawMatheronPaths
 from botorch.sampling.pathwise.prior_samplers import DrawKernelFeaturePaths
 from botorch.sampling.pathwise.update_strategies import GaussianUpdate
-from gpytorch.likelihoods import Likelihood
 from gpytorch.likelihoods.gaussian_likelihood import _GaussianLikelihoodBase
 from gpytorch.models import ExactGP
 
-__all__ = ["register_pathwise_sampling"]
+from streamgp.models.kissgp import KissGP
+from streamgp.models.utils import PosteriorMixin
+from streamgp.models.wiski import WiskiGP
 
 
 def _check_exact(model: Any) -> None:
@@ -45,44 +47,38 @@ def _check_exact(model: Any) -> None:
         )
 
 
-def register_pathwise_sampling(exact_capable: type, others: tuple[type, ...]) -> None:
-    r"""Register BoTorch's exact-GP path sampler for ``exact_capable`` (used when a model
-    evaluates its kernel exactly, refused otherwise) and a clear refusal for ``others``.
+_exact_paths = DrawMatheronPaths.dispatch(ExactGP)
+_exact_prior = DrawKernelFeaturePaths.dispatch(ExactGP)
+_exact_update = GaussianUpdate.dispatch(ExactGP, _GaussianLikelihoodBase)
 
-    Args:
-        exact_capable: :class:`~streamgp.models.WiskiGP` (its subclasses inherit it).
-        others: The models that never evaluate their kernel exactly.
-    """
-    exact_paths = DrawMatheronPaths.dispatch(ExactGP)
-    exact_prior = DrawKernelFeaturePaths.dispatch(ExactGP)
-    exact_update = GaussianUpdate.dispatch(ExactGP, _GaussianLikelihoodBase)
 
-    @DrawMatheronPaths.register(exact_capable)
-    def _paths(model: Any, **kwargs: Any) -> Any:
-        _check_exact(model)
-        if getattr(model, "fixed_noise", False):
-            # BoTorch removes the outcome transform while it updates the paths, and a
-            # streamgp model's known noise is read through it (outcome-transformed, as
-            # SingleTaskGP holds it): read it first.
-            (points,) = model.train_inputs
-            noise = model.likelihood.noise_covar(shape=points.shape[:-1])
-            kwargs["update_strategy"] = partial(kwargs["update_strategy"], noise_covariance=noise)
-        return exact_paths(model, **kwargs)
+@DrawMatheronPaths.register(WiskiGP)
+def _draw_matheron_paths_wiski(model: WiskiGP, **kwargs: Any) -> Any:
+    _check_exact(model)
+    if model.fixed_noise:
+        # BoTorch removes the outcome transform while it updates the paths, and a
+        # streamgp model's known noise is read through it (outcome-transformed, as
+        # SingleTaskGP holds it): read it first.
+        (points,) = model.train_inputs
+        noise = model.likelihood.noise_covar(shape=points.shape[:-1])
+        kwargs["update_strategy"] = partial(kwargs["update_strategy"], noise_covariance=noise)
+    return _exact_paths(model, **kwargs)
 
-    @DrawKernelFeaturePaths.register(exact_capable)
-    def _prior(model: Any, **kwargs: Any) -> Any:
-        _check_exact(model)
-        return exact_prior(model, **kwargs)
 
-    @GaussianUpdate.register(exact_capable, _GaussianLikelihoodBase)
-    def _update(model: Any, likelihood: Any, **kwargs: Any) -> Any:
-        _check_exact(model)
-        return exact_update(model, likelihood, **kwargs)
+@DrawKernelFeaturePaths.register(WiskiGP)
+def _draw_kernel_feature_paths_wiski(model: WiskiGP, **kwargs: Any) -> Any:
+    _check_exact(model)
+    return _exact_prior(model, **kwargs)
 
-    @DrawMatheronPaths.register(others)
-    def _refuse(model: Any, **kwargs: Any) -> Any:
-        _check_exact(model)
 
-    @GaussianUpdate.register(others, (Likelihood, type(None)))
-    def _refuse_update(model: Any, likelihood: Any, **kwargs: Any) -> Any:
-        _check_exact(model)
+@GaussianUpdate.register(WiskiGP, _GaussianLikelihoodBase)
+def _gaussian_update_wiski(model: WiskiGP, likelihood: Any, **kwargs: Any) -> Any:
+    _check_exact(model)
+    return _exact_update(model, likelihood, **kwargs)
+
+
+# Every other streamgp model (KissGP, an ExactGP, named too: BoTorch's ExactGP sampler
+# would otherwise take it, with its interpolated kernel's features).
+@DrawMatheronPaths.register((PosteriorMixin, KissGP))
+def _draw_matheron_paths_refused(model: Any, **kwargs: Any) -> Any:
+    _check_exact(model)

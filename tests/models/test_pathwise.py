@@ -1,4 +1,4 @@
-"""BoTorch's pathwise (Matheron) sample paths (``streamgp.models.utils.pathwise``).
+"""BoTorch's pathwise (Matheron) sample paths (``streamgp.models.pathwise``).
 
 From 4-D on ``WiskiGP`` evaluates its kernel exactly, so BoTorch's exact-GP path sampler
 applies to it: with the same hyperparameters and random draws its paths are
@@ -16,7 +16,16 @@ from botorch.models.transforms import Normalize
 from botorch.optim import optimize_acqf
 from botorch.sampling.pathwise import draw_matheron_paths, get_matheron_path_model
 
-from streamgp.models import KissGP, LocalGP, OnlineSGPR, OnlineSoftKIGP, OnlineSVGP, WiskiGP
+from streamgp.models import (
+    DecoupledSVGP,
+    KissGP,
+    LocalGP,
+    OnlineSGPR,
+    OnlineSoftKIGP,
+    OnlineSVGP,
+    SoftKIGP,
+    WiskiGP,
+)
 
 DT = torch.float64
 
@@ -74,8 +83,19 @@ def test_pathwise_thompson_sampling_through_optimize_acqf():
         lambda X, Y: OnlineSVGP(X, Y, num_init_steps=0),
         lambda X, Y: LocalGP(X, Y),
         lambda X, Y: OnlineSoftKIGP(X, Y, pretrain_epochs=0),
+        lambda X, Y: DecoupledSVGP(X, Y, num_init_steps=0),
+        lambda X, Y: SoftKIGP(X, Y),
     ],
-    ids=["WiskiGP-grid", "KissGP", "OnlineSGPR", "OnlineSVGP", "LocalGP", "OnlineSoftKIGP"],
+    ids=[
+        "WiskiGP-grid",
+        "KissGP",
+        "OnlineSGPR",
+        "OnlineSVGP",
+        "LocalGP",
+        "OnlineSoftKIGP",
+        "DecoupledSVGP",
+        "SoftKIGP",
+    ],
 )
 def test_models_without_the_exact_kernel_are_refused_naming_joint_samples(build):
     X, Y = _data()
