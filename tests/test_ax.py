@@ -251,20 +251,3 @@ def test_several_metrics_on_the_same_points_get_a_model_list():
     digest = SearchSpaceDigest(feature_names=["x0", "x1"], bounds=[(0.0, 1.0)] * 2)
     configs = [ModelConfig(botorch_model_class=WiskiGP)]
     assert use_model_list(datasets, digest, model_configs=configs)
-
-
-def test_a_kept_model_is_restandardised_before_its_refit():
-    # Standardize fitted on the Sobol trials alone is far off once better trials arrive
-    # (the refit then found a degenerate model: Hartmann-6 best -1.46 against -2.64).
-    from streamgp.ax import _restandardize
-
-    X = torch.rand(16, 3, dtype=torch.float64)
-    Y = torch.cat([0.1 * torch.rand(6, 1), -2 + 0.1 * torch.rand(10, 1)]).to(X)
-    model = WiskiGP(X[:6], Y[:6]).observe(X[6:], Y[6:])
-    _restandardize(model)
-    assert torch.allclose(model.outcome_transform.means, Y.mean(), atol=1e-12)
-    assert torch.allclose(model.outcome_transform.stdvs, Y.std(), atol=1e-12)
-    known = WiskiGP(X[:6], Y[:6], torch.full_like(Y[:6], 1e-3))
-    means = known.outcome_transform.means.clone()
-    _restandardize(known)  # known noise: its statistics hold noise-weighted sums only
-    assert torch.equal(known.outcome_transform.means, means)

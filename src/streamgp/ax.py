@@ -59,7 +59,11 @@ except ImportError as error:  # pragma: no cover - exercised without the extra
     ) from error
 from botorch.models.transforms.outcome import Standardize
 
-from streamgp.models.registry import get_model_spec, registered_models
+from streamgp.models.registry import (
+    get_model_spec,
+    registered_models,
+    restandardize_before_refit,
+)
 from streamgp.utils.validation import check_count
 
 #: streamgp's BoTorch model classes (the registry's, BoTorch's own left to Ax), as Ax's
@@ -106,26 +110,6 @@ def _extends(new: Any, old: Any) -> bool:
         return False
     same = torch.equal(new.X[:n], old.X) and torch.equal(new.Y[:n], old.Y)
     return same and (old.Yvar is None or torch.equal(new.Yvar[:n], old.Yvar))
-
-
-def _restandardize(model: Any) -> None:
-    r"""Re-estimate a kept model's ``Standardize`` from every observation before a refit.
-
-    The transform was fitted on the trials the model was built from (often the Sobol
-    ones); the trials absorbed since can lie many of its standard deviations away, and a
-    fit in those units finds a degenerate model. Ax's ``Surrogate`` rebuilds (and so
-    re-standardises) at every generation; the package's loops call ``restandardize``
-    before every refit (:func:`streamgp.models.registry.refit_marginal_likelihood`).
-    Only models that can do it exactly: ``restandardize()``, one output, learned noise.
-    """
-    if (
-        callable(getattr(model, "restandardize", None))
-        and isinstance(getattr(model, "outcome_transform", None), Standardize)
-        and model.num_outputs == 1
-        and not getattr(model, "fixed_noise", True)
-        and getattr(model, "num_train", 0) > 1
-    ):
-        model.restandardize()
 
 
 class StreamingSurrogate(Surrogate):
@@ -202,7 +186,7 @@ class StreamingSurrogate(Surrogate):
                     dataset=dataset,
                     search_space_digest=search_space_digest,
                 )
-                _restandardize(model)
+                restandardize_before_refit(model)  # as the package's loops do
                 fit_botorch_model(model, mll_class=config.mll_class, mll_options=config.mll_options)
                 self.num_refits += 1
                 since = 0

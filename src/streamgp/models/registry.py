@@ -84,6 +84,7 @@ __all__ = [
     "choose_model",
     "get_model_spec",
     "refit_marginal_likelihood",
+    "restandardize_before_refit",
     "register_model",
     "registered_models",
     "unregister_model",
@@ -103,6 +104,26 @@ CAPABILITIES: Mapping[str, str] = MappingProxyType(
 Builder = Callable[..., Model]
 #: Refits a model in place: ``(model, max_iter, *, fixed_noise, mll_class, **options)``.
 Refitter = Callable[..., None]
+
+
+def restandardize_before_refit(model: Model) -> None:
+    r"""Re-estimate ``model``'s ``Standardize`` from every observation, where that is exact.
+
+    A transform fitted on the first batch can be many of its standard deviations off
+    the data absorbed since, and a refit in those units finds a degenerate model;
+    ``SingleTaskGP`` rebuilt on all data is re-standardised. Models with
+    ``restandardize()``, one output, a ``Standardize`` transform, learned noise (known
+    noise keeps its statistics as noise-weighted sums only) and more than one
+    observation; any other model is left as it is.
+    """
+    if (
+        callable(getattr(model, "restandardize", None))
+        and isinstance(getattr(model, "outcome_transform", None), Standardize)
+        and model.num_outputs == 1
+        and not getattr(model, "fixed_noise", True)
+        and getattr(model, "num_train", 0) > 1
+    ):
+        model.restandardize()
 
 
 def refit_marginal_likelihood(
@@ -142,9 +163,8 @@ def refit_marginal_likelihood(
             grid budget).
         **options: The entry's other options (not used here).
     """
-    if restandardize and not fixed_noise and hasattr(model, "restandardize"):
-        if model.num_train > 1:
-            model.restandardize()
+    if restandardize and not fixed_noise:
+        restandardize_before_refit(model)
     optimizer_kwargs = {} if max_iter is None else {"options": {"maxiter": int(max_iter)}}
     refines = refine_grid and getattr(model, "observations", None) is not None
     refines = refines and hasattr(model, "refine_grid")
