@@ -358,3 +358,15 @@ def test_every_tensor_shape_is_recorded_and_checked_before_anything_changes(name
     with pytest.raises(ValueError, match=rf"checkpoint\['state_dict'\]\['{key}'\] has shape"):
         receiver.restore(checkpoint)
     assert_same_model(receiver, before, torch.rand(5, 2, dtype=DTYPE))
+
+
+@pytest.mark.parametrize("name", ["OnlineSVGP", "DecoupledSVGP"])
+def test_a_checkpoint_keeps_how_the_variational_stream_goes_on(name):
+    from streamgp import models
+
+    X = torch.rand(20, 2, dtype=torch.float64)
+    Y = X.sum(-1, keepdim=True)
+    first_order = getattr(models, name)(X, Y, num_init_steps=2, hold_variational_optimum=False)
+    holding = getattr(models, name)(X, Y, num_init_steps=2)
+    with pytest.raises(ValueError, match="build the receiving model with hold_variational_"):
+        holding.restore(first_order.checkpoint())

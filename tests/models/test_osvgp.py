@@ -721,17 +721,17 @@ def test_observe_keeps_a_fitted_model_and_q_at_its_optimum():
     assert (after - Y[31:]).abs().max() < 0.5 * (before - Y[31:]).abs().max()
 
 
-def test_closed_form_q_false_keeps_the_papers_first_order_steps():
+def test_without_holding_the_optimum_q_takes_the_papers_first_order_steps():
     # The WISKI paper's O-SVGP baseline (its streaming protocol): beta-weighted Adam steps
     # on q itself, so q leaves the closed-form optimum after an observe.
     X, Y = sines(33, seed=0)
-    model = OnlineSVGP(X[:30], Y[:30], num_init_steps=20, closed_form_q=False)
+    model = OnlineSVGP(X[:30], Y[:30], num_init_steps=20, hold_variational_optimum=False)
     model.observe(X[30:], Y[30:])
     m, _ = model.optimal_variational_parameters()
     dist = model.model.variational_strategy._variational_distribution
     assert rel_err(dist.variational_mean, m) > 1e-3
-    with pytest.raises(TypeError, match="closed_form_q must be a bool"):
-        OnlineSVGP(X, Y, closed_form_q=1)
+    with pytest.raises(TypeError, match="hold_variational_optimum must be a bool"):
+        OnlineSVGP(X, Y, hold_variational_optimum=1)
 
 
 def test_warm_start_reproduces_the_model_on_its_data_and_adapts_to_more():

@@ -245,10 +245,11 @@ class OnlineSVGP(
             has no maximiser in ``q``. A Gaussian model otherwise holds ``q`` at the
             optimum of Bui et al.'s bound (``beta = 1``, which ``fit_gpytorch_mll``
             maximises) and steps on that bound.
-        closed_form_q: With a Gaussian likelihood, hold ``q`` at its closed-form optimum
-            in :meth:`observe` and :meth:`refine` (default). False: the first-order steps
-            on the ``beta``-weighted objective of the WISKI paper's O-SVGP baseline (its
-            streaming protocol uses them), which can knock a fitted ``q`` off its optimum.
+        hold_variational_optimum: With a Gaussian likelihood, hold ``q`` at its
+            closed-form optimum in :meth:`observe` and :meth:`refine` (default). False:
+            the first-order steps on the ``beta``-weighted objective of the WISKI paper's
+            O-SVGP baseline (its streaming protocol uses them), which can knock a fitted
+            ``q`` off its optimum.
         num_steps: Optimizer steps per :meth:`observe` call.
         num_init_steps: Optimizer steps on the constructor's data.
         lr: Learning rate of the default Adam optimizer.
@@ -316,7 +317,7 @@ class OnlineSVGP(
         inducing_points: Tensor | None = None,
         num_inducing: int = 64,
         beta: float = 1e-3,
-        closed_form_q: bool = True,
+        hold_variational_optimum: bool = True,
         num_steps: int = 1,
         num_init_steps: int = 200,
         lr: float = 5e-3,
@@ -329,7 +330,7 @@ class OnlineSVGP(
     ) -> None:
         check_no_known_noise(train_Yvar, "OnlineSVGP")
         # ---- validate everything before building anything
-        check_bool(closed_form_q, "closed_form_q")
+        check_bool(hold_variational_optimum, "hold_variational_optimum")
         check_tensor(train_X, "train_X", min_dim=2)
         if train_X.dim() != 2:
             raise ValueError(f"train_X must have shape n x d, got {tuple(train_X.shape)}.")
@@ -414,7 +415,7 @@ class OnlineSVGP(
             modules["likelihood"] = self.likelihood
             in_target_units(train_Y_t, **{k: v for k, v in modules.items() if defaults[k]})
         self.beta = float(beta)
-        self.closed_form_q = closed_form_q
+        self.hold_variational_optimum = hold_variational_optimum
         self.num_steps = num_steps
         self.num_init_steps = num_init_steps
         self._init_optimizer(optimizer_cls, optimizer_kwargs, lr, keep_optimizer_state)
@@ -558,7 +559,7 @@ class OnlineSVGP(
         e.g. from a first-order stream), the steps fall back to the ``beta``-weighted
         objective with ``q`` stepped too, and warn.
         """
-        holds_q = self.is_gaussian and self.closed_form_q
+        holds_q = self.is_gaussian and self.hold_variational_optimum
         collapsed = holds_q and self._try_set_optimal_q(X_t, y)
         if holds_q and not collapsed:
             warnings.warn(
@@ -698,7 +699,12 @@ class OnlineSVGP(
     ADOPTED_OPTIONS = frozenset({"num_inducing"})
 
     def _checkpoint_options(self) -> dict[str, Any]:
-        return {**super()._checkpoint_options(), "num_inducing": len(self.inducing_points)}
+        return {
+            **super()._checkpoint_options(),
+            "num_inducing": len(self.inducing_points),
+            # How the stream goes on: closed-form q or first-order steps.
+            "hold_variational_optimum": self.hold_variational_optimum,
+        }
 
     def _stream_state(self) -> dict[str, Any]:
         r"""The streaming state outside the parameters, for :meth:`checkpoint`.

@@ -98,6 +98,7 @@ from streamgp.models.utils.defaults import (
 )
 from streamgp.models.utils.optimization import PersistentOptimizerMixin
 from streamgp.utils.validation import (
+    check_bool,
     check_count,
     check_no_known_noise,
     check_targets,
@@ -181,7 +182,11 @@ class DecoupledSVGP(
             only (see :attr:`holds_optimum`). The directly parametrised ``(a, L)`` of
             the paper converge slowly under first-order steps, and Adam's steps on a
             converged ``(a, L)`` wreck it. False: the paper's first-order steps on
-            ``(a, L)``, linear in ``M_alpha``.
+            ``(a, L)``, linear in ``M_alpha``, from the start.
+        hold_variational_optimum: With ``warm_start``, keep ``(a, L)`` at their optimum
+            after each :meth:`observe` (default). False: the constructor's warm start
+            only, then the paper's first-order steps (the WISKI paper's streaming
+            protocol uses them).
         seed: Seed of the model's own generator (minibatches, reservoir, new bases).
         input_transform: Input transform, fitted on ``train_X`` and then frozen.
         outcome_transform: Outcome transform, fitted on ``train_Y`` and then frozen.
@@ -259,11 +264,13 @@ class DecoupledSVGP(
         optimizer_kwargs: dict[str, Any] | None = None,
         keep_optimizer_state: bool = True,
         warm_start: bool = True,
+        hold_variational_optimum: bool = True,
         seed: int = 0,
     ) -> None:
         learn_inducing_points = bool(learn_inducing_points)
         check_no_known_noise(train_Yvar, "DecoupledSVGP")
         # ---- validate everything before building anything
+        check_bool(hold_variational_optimum, "hold_variational_optimum")
         check_tensor(train_X, "train_X", min_dim=2)
         if train_X.dim() != 2 or len(train_X) == 0:
             raise ValueError(
@@ -378,6 +385,7 @@ class DecoupledSVGP(
         )
         self.covar_root = Parameter(self.new_root_diagonal * torch.eye(m_beta, **tkwargs))
         self.warm_start = warm_start and self.is_gaussian
+        self.hold_variational_optimum = hold_variational_optimum
         y = train_Y_t.squeeze(-1)
         if self.warm_start:
             self._set_optimal_parameters(train_X_t, y)
@@ -485,6 +493,7 @@ class DecoupledSVGP(
             "max_mean_basis": self.max_mean_basis,
             "max_covar_basis": self.max_covar_basis,
             "replay_size": self.replay_size,
+            "hold_variational_optimum": self.hold_variational_optimum,
         }
 
     def _stream_state(self) -> dict[str, Any]:
@@ -773,13 +782,14 @@ class DecoupledSVGP(
     def holds_optimum(self) -> bool:
         r"""Whether ``(a, L)`` are kept at their closed-form optimum on the replay set.
 
-        True with a Gaussian likelihood, ``warm_start`` and a replay set
+        True with a Gaussian likelihood, ``warm_start``, ``hold_variational_optimum`` and
+        a replay set
         (``replay_size > 0``): :meth:`observe` then costs
         ``O(R M_alpha^2 + M_alpha^3)`` for a replay set of ``R`` points, bounded whatever
         the length of the stream. Otherwise ``(a, L)`` take the paper's first-order
         steps.
         """
-        return self.warm_start and self.replay_size > 0
+        return self.warm_start and self.hold_variational_optimum and self.replay_size > 0
 
     def observe(
         self, X: Tensor, Y: Tensor, Yvar: Tensor | None = None, *, num_steps: int | None = None
