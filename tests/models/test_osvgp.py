@@ -752,3 +752,10 @@ def test_warm_start_reproduces_the_model_on_its_data_and_adapts_to_more():
     more.load_state_dict(old.state_dict())
     assert held_out_rmse(more) < 1.1 * held_out_rmse(old)
     assert more.num_observed == 33  # the receiving model's data are kept
+
+
+def test_fitting_a_model_without_data_says_so():
+    X = torch.rand(0, 2, dtype=DT)
+    model = OnlineSVGP(X, X[:, :1], inducing_points=torch.rand(4, 2, dtype=DT))
+    with pytest.raises(RuntimeError, match="absorbed no data"):
+        fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))

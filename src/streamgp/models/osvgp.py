@@ -820,9 +820,12 @@ class OnlineSVGP(
         self._check_not_conditioned("optimal_variational_parameters")
         if not self.is_gaussian:
             raise RuntimeError("The optimal q(u) is closed-form for a Gaussian likelihood only.")
+        return self._optimal_q(*self._last_batch_or_raise(), beta)
+
+    def _last_batch_or_raise(self) -> tuple[Tensor, Tensor]:
         if self.last_batch is None:
             raise RuntimeError("The model has absorbed no data; there is nothing to fit.")
-        return self._optimal_q(*self.last_batch, beta)
+        return self.last_batch
 
     def _optimal_q(self, X: Tensor, y: Tensor, beta: float = 1.0) -> tuple[Tensor, Tensor]:
         r""":meth:`optimal_variational_parameters` for the batch ``(X, y)`` (transformed)."""
@@ -888,14 +891,13 @@ class OnlineSVGP(
             self._check_not_conditioned("fit")
             distribution = self.model.variational_strategy._variational_distribution
 
+            batch = self._last_batch_or_raise()
+
             def set_optimum() -> None:
-                try:
-                    optimum = self.optimal_variational_parameters()
-                except torch.linalg.LinAlgError as error:
+                if not self._try_set_optimal_q(*batch):
                     raise NoVariationalOptimumError(
                         "The streaming bound is unbounded in q(u) at these hyperparameters."
-                    ) from error
-                self.model.set_variational_parameters(*optimum)
+                    )
 
             try:
                 return fit_collapsed(

@@ -136,13 +136,15 @@ class PosteriorMixin:
                 "ModelListGP.condition_on_observations; call the model's own "
                 "condition_on_observations with a q x m Y."
             )
-        Y = targets.unsqueeze(-1)
-        while Y.dim() > inputs.dim() and Y.shape[0] == 1:
-            Y = Y.squeeze(0)
-        if noise is not None:
-            noise = noise.unsqueeze(-1)
-            while noise.dim() > inputs.dim() and noise.shape[0] == 1:
-                noise = noise.squeeze(0)
+
+        def column(values: Tensor) -> Tensor:  # batch_shape x q x 1, like the inputs
+            values = values.unsqueeze(-1)
+            while values.dim() > inputs.dim() and values.shape[0] == 1:
+                values = values.squeeze(0)
+            return values
+
+        Y = column(targets)
+        noise = None if noise is None else column(noise)
         outcome_transform = getattr(self, "outcome_transform", None)
         if outcome_transform is not None:
             Y, _ = outcome_transform.untransform(Y)
